@@ -12,6 +12,14 @@
 * `curve-vllm-config-changes`: one engine under the same closed-loop load through four phases,
   restarted on the same port between them: roomy KV (256 blocks) -> a much smaller KV budget
   (`--num-gpu-blocks-override 20`) -> roomy again -> roomy again (same flags, restarted).
+* `curve-shape-*` (issue 55, the robustness bench `bench/curve_robustness.py`): the load shapes
+  production has, each through the same four phases on one engine, restarted on the same port
+  between them: roomy -> roomy (same flags: a restart alone) -> tiny KV (a regression) -> roomy (an
+  improvement); the first phase alone is the no-restart control. Every phase replays the same
+  shape (the same seeds): staircases of 10, 20 and 60 s dwell, a smooth ramp up and down, open-loop
+  Poisson arrivals with bursts, and a ramp the restarts land in the middle of (each side sees part
+  of it, with some levels on both). Per phase and per segment the truths `level()` computes, plus
+  the host's CPU busy share polled once a second (a noisy neighbour shows there).
 
 The expected verdicts are written into each YAML from the scenario below, before kvscope ever
 reads the recording. Run: .venv/bin/python -m testbed.curve_record [--only NAME] (3-8 min each).
@@ -29,9 +37,10 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import psutil
 import yaml
 
 from testbed.incidents import (
@@ -62,6 +71,74 @@ CAPPED_STAIR_S = 20.0
 PHASE_S = 80.0
 CHANGE_STREAMS = 10
 CHANGE_PHASES = (("roomy", ROOMY), ("tiny-kv", TINY_KV), ("roomy-again", ROOMY), ("same-restart", ROOMY))
+SHAPE_PHASES = (("roomy", ROOMY), ("same-restart", ROOMY), ("tiny-kv", TINY_KV), ("roomy-again", ROOMY))
+OPEN_LOOP_WORKERS = 32  # open-loop arrivals in flight at most (the engine runs 32)
+
+
+@dataclass(frozen=True)
+class Seg:
+    """One segment of a load shape: `seconds` of closed-loop `streams`, or open-loop Poisson
+    arrivals at `rate` per second (`streams` None)."""
+
+    seconds: float
+    streams: int | None = None
+    rate: float | None = None
+
+
+def _stairs(levels: tuple[int, ...], dwell: float) -> tuple[Seg, ...]:
+    return tuple(Seg(dwell, n) for n in levels)
+
+
+RAMP = (1, 2, 4, 8, 12, 16, 12, 8, 4, 2, 1)
+MID_RAMP = ((1, 2, 4, 8), (4, 8, 12, 16), (16, 12, 8, 4), (8, 4, 2, 1))  # per phase: one ramp up and down
+
+
+def _bursts(base: float, burst: float) -> tuple[Seg, ...]:
+    """Poisson arrivals at `base` per second with two 10 s bursts at `burst` per second."""
+    return (Seg(25, rate=base), Seg(10, rate=burst), Seg(25, rate=base), Seg(10, rate=burst))
+
+
+SHAPES: dict[str, tuple[str, tuple[tuple[Seg, ...], ...]]] = {  # name: (summary, each phase's segments)
+    "curve-shape-stairs-10": ("closed-loop stairs 1, 2, 4, 8, 16 streams, 10 s each", (_stairs(STAIRS, 10),) * 4),
+    "curve-shape-stairs-20": ("closed-loop stairs 1, 2, 4, 8, 16 streams, 20 s each", (_stairs(STAIRS, 20),) * 4),
+    "curve-shape-stairs-60": ("closed-loop stairs 1, 4, 16 streams, 60 s each", (_stairs((1, 4, 16), 60),) * 4),
+    "curve-shape-ramp": ("a closed-loop ramp 1 -> 16 -> 1 streams in 11 steps of 8 s", (_stairs(RAMP, 8),) * 4),
+    "curve-shape-poisson-bursts": (
+        "open-loop Poisson arrivals at 2/s with two 10 s bursts at 8/s",
+        (_bursts(2.0, 8.0),) * 4,
+    ),
+    "curve-shape-poisson-heavy": (  # the engine served 8/s bursts with < 1 in flight: the KV cut never bit
+        "open-loop Poisson arrivals at 8/s with two 10 s bursts at 32/s",
+        (_bursts(8.0, 32.0),) * 4,
+    ),
+    "curve-shape-mid-ramp": (
+        "one closed-loop ramp 1 -> 16 -> 1 streams (10 s steps) that the restarts cut in the middle: "
+        "1, 2, 4, 8 | 4, 8, 12, 16 | 16, 12, 8, 4 | 8, 4, 2, 1",
+        tuple(_stairs(levels, 10) for levels in MID_RAMP),
+    ),
+}
+SHAPE_CHANGES = [
+    {
+        "after_phase": "same-restart",
+        "kind": "restart",
+        "verdict": "no_change",
+        "why": "same flags, same load shape: a restart alone changes nothing at matched load",
+    },
+    {
+        "after_phase": "tiny-kv",
+        "kind": "config",
+        "diff": "kv_capacity_tokens 8192 -> 640",
+        "verdict": "regression",
+        "why": "20 KV blocks hold ~3 requests: from 4 streams (or a burst) on the rest wait, TTFT rises at the "
+        "same requests in the engine",
+    },
+    {"after_phase": "roomy-again", "kind": "config", "verdict": "improvement", "why": "the inverse change"},
+]
+SHAPE_CONTROL = {
+    "phase": "roomy",
+    "verdict": "no change judged regression or improvement",
+    "why": "one engine, no restart, no config change: a window cut to the first phase has nothing to judge",
+}
 
 SUMMARY = {
     "curve-vllm-staircase": "one roomy engine, closed-loop levels of 1, 2, 4, 8, 16 streams (50 s each): the "
@@ -70,6 +147,10 @@ SUMMARY = {
     "--num-gpu-blocks-override 20 -> roomy again -> roomy again (same flags)",
     "curve-vllm-max-num-seqs": "one engine with --max-num-seqs 16, closed-loop levels of 1, 2, 4, 8, 16, 24, 32, 48 "
     "streams (20 s each): the knee against where running pins at its cap while requests wait",
+} | {
+    name: f"{summary}; per phase, one engine restarted between: roomy -> roomy (same flags) -> "
+    "--num-gpu-blocks-override 20 -> roomy"
+    for name, (summary, _) in SHAPES.items()
 }
 RULES_EXPECTED = {  # what the diagnosis rules should say (tests/unit/test_diagnose_recordings.py)
     "curve-vllm-staircase": "no warning",
@@ -77,6 +158,15 @@ RULES_EXPECTED = {  # what the diagnosis rules should say (tests/unit/test_diagn
     "curve-vllm-config-changes": [
         {"levers": ["K1", "K2", "K3"], "phase": "tiny-kv", "why": "20 KV blocks for 10 streams: KV full, preemptions"}
     ],
+} | {
+    name: [
+        {
+            "levers": ["K1", "K2", "K3"],
+            "phase": "tiny-kv",
+            "why": "20 KV blocks under up to 16 streams (or a burst of arrivals): KV full, preemptions",
+        }
+    ]
+    for name in SHAPES
 }
 EXPECTED = {
     "curve-vllm-max-num-seqs": {
@@ -115,6 +205,14 @@ EXPECTED = {
             },
         ],
     },
+} | {
+    name: {
+        "truth": "per phase and per segment: the engine's own TTFT histogram (engine_ttft_*), its running and "
+        "waiting polled once a second, the client's TTFT, and the host's CPU busy share (host_cpu_busy_pct)",
+        "changes": SHAPE_CHANGES,
+        "control": SHAPE_CONTROL,
+    }
+    for name in SHAPES
 }
 
 
@@ -152,51 +250,105 @@ def quantile(q: float, start: dict[float, float], end: dict[float, float]) -> fl
 
 
 class Poller(threading.Thread):
-    """running + waiting every second from the engine's /metrics."""
+    """running + waiting every second from the engine's /metrics, and the host's CPU busy share."""
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
         self.url, self.samples, self.stop = url, [], threading.Event()
+        psutil.cpu_percent(None)  # the first call only starts psutil's interval
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
             try:
                 vals = GAUGE.findall(scrape(self.url))
                 by = {k: sum(float(v) for name, v in vals if name == k) for k in ("running", "waiting")}
-                self.samples.append((time.time(), by["running"] + by["waiting"], by["running"], by["waiting"]))
+                cpu = psutil.cpu_percent(None)
+                self.samples.append((time.time(), by["running"] + by["waiting"], by["running"], by["waiting"], cpu))
             except OSError:
                 pass
 
     def mean(self, t0: float, t1: float, which: int = 1) -> float | None:
-        """Mean of running + waiting (which=1), running (2) or waiting (3) over [t0, t1]."""
+        """Mean of running + waiting (which=1), running (2), waiting (3) or the host's CPU busy
+        percent (4) over [t0, t1]."""
         v = [s[which] for s in self.samples if t0 <= s[0] <= t1]
         return round(sum(v) / len(v), 3) if v else None
 
 
-def level(srv: VllmServer, streams: int, seconds: float, poller: Poller, seed: int) -> dict:
-    before = ttft_buckets(scrape(srv.metrics_url))
-    t0 = time.time()
-    spec = LoadSpec(list(TENANTS), max_requests=100_000, duration_s=seconds, concurrency=streams, seed=seed)
-    result = asyncio.run(run_load(spec, [srv.url]))
-    t1 = time.time()
-    after = ttft_buckets(scrape(srv.metrics_url))
-    ttft = [r.ttft_s for r in result.records if r.ok and r.ttft_s is not None]
-    r4 = lambda x: None if x is None else round(x, 4)  # noqa: E731
+def _r4(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _truths(
+    records: list, before: dict[float, float], after: dict[float, float], poller: Poller, t0: float, t1: float
+) -> dict:
+    """The truths of one stretch [t0, t1]: the client's TTFT over its requests, the engine's own
+    TTFT histogram between two reads of /metrics, the poller's means."""
+    ttft = [r.ttft_s for r in records if r.ok and r.ttft_s is not None]
     return {
-        "streams": streams,
         "start_unix": round(t0, 3),
         "end_unix": round(t1, 3),
-        "requests": len(result.records),
-        "errors": sum(not r.ok for r in result.records),
-        "client_ttft_p50_s": r4(percentile(ttft, 50)),
-        "client_ttft_p99_s": r4(percentile(ttft, 99)),
+        "requests": len(records),
+        "errors": sum(not r.ok for r in records),
+        "client_ttft_p50_s": _r4(percentile(ttft, 50)),
+        "client_ttft_p99_s": _r4(percentile(ttft, 99)),
         "engine_requests": round(after.get(math.inf, 0) - before.get(math.inf, 0)),
-        "engine_ttft_p50_s": r4(quantile(0.5, before, after)),
-        "engine_ttft_p99_s": r4(quantile(0.99, before, after)),
+        "engine_ttft_p50_s": _r4(quantile(0.5, before, after)),
+        "engine_ttft_p99_s": _r4(quantile(0.99, before, after)),
         "engine_in_flight_mean": poller.mean(t0, t1),
         "engine_running_mean": poller.mean(t0, t1, 2),
         "engine_waiting_mean": poller.mean(t0, t1, 3),
+        "host_cpu_busy_pct_mean": poller.mean(t0, t1, 4),
     }
+
+
+def level(
+    srv: VllmServer, streams: int | None, seconds: float, poller: Poller, seed: int, rate: float | None = None
+) -> dict:
+    """Closed-loop `streams` (or open-loop Poisson arrivals at `rate` per second) for `seconds`,
+    with its truths."""
+    before = ttft_buckets(scrape(srv.metrics_url))
+    t0 = time.time()
+    workers = streams if rate is None else OPEN_LOOP_WORKERS
+    spec = LoadSpec(
+        list(TENANTS), max_requests=100_000, duration_s=seconds, concurrency=workers, rate_per_s=rate, seed=seed
+    )
+    result = asyncio.run(run_load(spec, [srv.url]))
+    t1 = time.time()
+    after = ttft_buckets(scrape(srv.metrics_url))
+    load = {"streams": streams} if rate is None else {"rate_per_s": rate, "arrivals": "poisson"}
+    return load | _truths(result.records, before, after, poller, t0, t1)
+
+
+def shape_phase(srv: VllmServer, segs: tuple[Seg, ...], poller: Poller) -> dict:
+    """One phase of a load shape: its segments in order (segment i seeded i, so every phase
+    replays the same requests), the truths over the whole phase and per segment."""
+    before = ttft_buckets(scrape(srv.metrics_url))
+    t0 = time.time()
+    levels = [level(srv, s.streams, s.seconds, poller, i, s.rate) for i, s in enumerate(segs)]
+    t1 = time.time()
+    after = ttft_buckets(scrape(srv.metrics_url))
+    whole = _truths([], before, after, poller, t0, t1)
+    whole |= {"requests": sum(x["requests"] for x in levels), "errors": sum(x["errors"] for x in levels)}
+    for k in ("client_ttft_p50_s", "client_ttft_p99_s"):
+        whole.pop(k)
+    for x in levels:
+        x["name"] = f"rate-{x['rate_per_s']:g}" if x.get("streams") is None else f"streams-{x['streams']}"
+    return whole | {"segments": levels}
+
+
+def saturation_level(levels: list[dict]) -> int:
+    """The knee's truth in a staircase's levels (YAML phases, recorder's own numbers): the index of
+    the first level where requests wait (poller mean >= 0.5) while requests/s gain less than half
+    the first level's requests/s per added stream (the guide's §8.1; curve-vllm-max-num-seqs's
+    `knee_after_run` says why not the running cap)."""
+    rps = [lv["requests"] / (lv["end_s"] - lv["start_s"]) for lv in levels]
+    per_stream = rps[0] / levels[0]["streams"]
+    return next(
+        i
+        for i in range(1, len(levels))
+        if levels[i]["engine_waiting_mean"] >= 0.5
+        and (rps[i] - rps[i - 1]) / (levels[i]["streams"] - levels[i - 1]["streams"]) < 0.5 * per_stream
+    )
 
 
 def _start(srv: VllmServer, attempts: int = 3) -> None:
@@ -218,6 +370,7 @@ def record(name: str, out_dir: Path) -> Path:
     rec_path = out_dir / f"{name}.om.gz"
     phases: list[dict] = []
     cfg = {"curve-vllm-staircase": ROOMY, "curve-vllm-max-num-seqs": CAPPED}.get(name, CHANGE_PHASES[0][1])
+    restarts = SHAPE_PHASES if name in SHAPES else CHANGE_PHASES
     srv = VllmServer(cfg, startup_timeout_s=900)
     _start(srv)
     try:
@@ -235,13 +388,19 @@ def record(name: str, out_dir: Path) -> Path:
                 level(srv, n, CAPPED_STAIR_S, poller, i) | {"name": f"streams-{n}"} for i, n in enumerate(CAPPED_STAIRS)
             ]
         else:
-            for i, (phase, c) in enumerate(CHANGE_PHASES):
+            for i, (phase, c) in enumerate(restarts):
                 if i:
+                    t_stop = time.time()
                     srv.stop()
                     srv.config = c
                     _start(srv)
                     warm_up([srv], 4)
-                phases.append({"name": phase, "flags": c.args()} | level(srv, CHANGE_STREAMS, PHASE_S, poller, i))
+                    print(f"{name}: restart for {phase} took {time.time() - t_stop:.0f} s", flush=True)
+                if name in SHAPES:
+                    truths = shape_phase(srv, SHAPES[name][1][i], poller)
+                else:
+                    truths = level(srv, CHANGE_STREAMS, PHASE_S, poller, i)
+                phases.append({"name": phase, "flags": c.args()} | truths)
         poller.stop.set()
         time.sleep(3 * INTERVAL_S)
         stop_recorder(rec, work)
@@ -255,14 +414,16 @@ def record(name: str, out_dir: Path) -> Path:
         "recording": f"{name}.om.gz",
         "scrape_interval_s": INTERVAL_S,
         "instance": "replica-0",
-        "workload": "closed loop, 4 tenants, 64-word system prompts, 16-32-word messages, 32 output tokens",
+        "workload": ("open loop, Poisson arrivals" if "poisson" in name else "closed loop")
+        + ", 4 tenants, 64-word system prompts, 16-32-word messages, 32 output tokens",
         "expected": RULES_EXPECTED[name],
         "expected_curve": EXPECTED[name],
         "phases": phases,
         "regenerate": f".venv/bin/python -m testbed.curve_record --only {name}",
         "env": {"cpus": os.cpu_count(), "load_average": [round(x, 1) for x in os.getloadavg()]},
     }
-    t0, t1 = recording_span(out_dir / f"{name}.om.gz", phases)  # phases' unix times -> start_s / end_s
+    segments = [seg for p in phases for seg in p.get("segments", [])]
+    t0, t1 = recording_span(out_dir / f"{name}.om.gz", phases + segments)  # unix times -> start_s / end_s
     meta = {**meta, "recorded_at_unix": round(t0, 3), "duration_s": round(t1 - t0, 1)}
     path = out_dir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(meta, sort_keys=False, width=100))
@@ -274,9 +435,14 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", choices=sorted(EXPECTED), default=sorted(EXPECTED))
     ap.add_argument("--out", type=Path, default=REPO / "tests" / "recordings")
     a = ap.parse_args()
-    for name in a.only:
-        print(record(name, a.out), flush=True)
-    return 0
+    failed = []
+    for name in a.only:  # one recording that fails does not cost the others
+        try:
+            print(record(name, a.out), flush=True)
+        except (RuntimeError, OSError) as exc:
+            print(f"{name} failed: {exc}", flush=True)
+            failed.append(name)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

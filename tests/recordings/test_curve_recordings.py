@@ -192,16 +192,10 @@ def test_the_knee_of_a_max_num_seqs_16_engine_is_within_one_level_of_saturation(
     means of the levels before and after it, placed by a sign the engine exports; the gauges alone
     (every interval's concurrency from samples) would not place short requests on the curve."""
     from kvscope.diagnoser.curve.operating import PLACING
+    from testbed.curve_record import saturation_level
 
     levels = _meta(CAPPED)["phases"]
-    rps = [lv["requests"] / (lv["end_s"] - lv["start_s"]) for lv in levels]
-    per_stream = rps[0] / levels[0]["streams"]
-    sat = next(
-        i
-        for i in range(1, len(levels))
-        if levels[i]["engine_waiting_mean"] >= 0.5
-        and (rps[i] - rps[i - 1]) / (levels[i]["streams"] - levels[i - 1]["streams"]) < 0.5 * per_stream
-    )
+    sat = saturation_level(levels)
     assert levels[sat]["streams"] == 24
     (pc,) = pool_curves(_frame(CAPPED))
     op = pc.operating

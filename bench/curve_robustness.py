@@ -1,0 +1,283 @@
+"""The curve's change verdicts and knee on real vLLM recordings of moving load (issue 55).
+
+Each `curve-shape-*` recording (testbed/curve_record.py) is one engine through four phases that
+replay the same load shape, restarted between them: roomy -> roomy (same flags) -> tiny KV ->
+roomy. Its YAML holds the verdict expected of each change, written before the run
+(`expected_curve`), and the engine's own truths per phase and per segment. Per recording and per
+scrape interval (the native 2 s, and resampled to 15 and 30 s with testbed/recording_variants.py)
+the cells are:
+
+* one per change (same-restart: no_change, regression, improvement): `kvscope curve` over the
+  window from the start of the phase before to the end of the phase after, the verdict of the
+  change found between the two phases;
+* the control: the first phase alone (no restart, no config change): no change may be judged a
+  regression or an improvement.
+
+A cell is right, abstained (not_comparable, or the change was not found) or wrong: a regression
+or improvement where the truth differs, or no_change where the engine's own TTFT p99 moved beyond
+the thresholds the curve judges with (`compare.Thresholds`) at matched load (the segments of the
+same load in both phases, their weighted mean). A no_change where the engine's truth stayed
+within the thresholds is right. A same-flags restart whose engine truth itself moved beyond the
+thresholds (the shared box's load moved between the phases) and that kvscope judged as the
+engine moved is `unheld`: the run did not hold its truth, counted apart from right and wrong.
+Verdicts judged on other changes inside a change window (a `curve` shift within a phase) are
+counted as spurious. The knee: `curve-vllm-max-num-seqs`, whose
+saturation level is computed from the recorder's own numbers (testbed/curve_record.py); right when the
+knee lies between the in-flight means of the levels before and after it, placed by a sign.
+
+    .venv/bin/python bench/curve_robustness.py [--only NAME ...] [--scrapes 2 15 30] [--detail]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from kvscope.diagnoser.curve.compare import Thresholds
+from kvscope.diagnoser.curve.operating import PLACING
+from kvscope.diagnoser.curve.report import pool_curves
+from kvscope.diagnoser.curve.window import read_window
+from kvscope.diagnoser.sources.recording import RecordingSource
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from testbed.curve_record import saturation_level  # noqa: E402
+from testbed.recording_variants import read_variant_source, resample, write_recording  # noqa: E402
+
+RECORDINGS = REPO / "tests" / "recordings"
+KNEE = "curve-vllm-max-num-seqs"
+ENGINE_VERDICTS = ("regression", "improvement")
+CHANGE_NAMES = {"no_change": "same-restart", "regression": "regression", "improvement": "improvement"}
+
+
+@dataclass
+class Cell:
+    recording: str
+    scrape_s: float
+    change: str  # same-restart | regression | improvement | control | knee
+    truth: str
+    got: str
+    outcome: str  # right | abstained | wrong | unheld
+    truth_shift: str = ""
+    spurious: int = 0
+    note: str = ""
+
+
+def _meta(name: str) -> dict:
+    return yaml.safe_load((RECORDINGS / f"{name}.yaml").read_text())
+
+
+def load_key(seg: dict) -> tuple:
+    return (seg.get("streams"), seg.get("rate_per_s"))
+
+
+def truth_shift(before: dict, after: dict) -> tuple[float | None, float | None]:
+    """(relative, absolute) shift of the engine's own TTFT p99 from `before` to `after` at matched
+    load: over the segments of the same load in both phases (the phases themselves where they have
+    no segments), weighted by the shorter side's seconds as the curve weighs its matched buckets by
+    the smaller side's intervals."""
+    b_by = {load_key(s): s for s in before.get("segments", [before])}
+    pairs = [(b_by[load_key(s)], s) for s in after.get("segments", [after]) if load_key(s) in b_by]
+    w, vb, va = [], [], []
+    for b, a in pairs:
+        if b.get("engine_ttft_p99_s") is not None and a.get("engine_ttft_p99_s") is not None:
+            w.append(min(b["end_s"] - b["start_s"], a["end_s"] - a["start_s"]))
+            vb.append(b["engine_ttft_p99_s"])
+            va.append(a["engine_ttft_p99_s"])
+    if not w or sum(w) <= 0:
+        return None, None
+    mb = sum(x * y for x, y in zip(w, vb, strict=True)) / sum(w)
+    ma = sum(x * y for x, y in zip(w, va, strict=True)) / sum(w)
+    return (ma / mb - 1.0 if mb else None), ma - mb
+
+
+def beyond(rel: float | None, delta: float | None, th: Thresholds) -> str | None:
+    """The verdict the engine's truth alone gives on TTFT p99 (None: not read)."""
+    if rel is None or delta is None:
+        return None
+    if rel > th.relative and delta > th.ttft_p99_s:
+        return "regression"
+    if rel < -th.relative and -delta > th.ttft_p99_s:
+        return "improvement"
+    return "no_change"
+
+
+def classify(truth: str, got: str, engine_truth: str | None) -> str:
+    """right | abstained | wrong against the truth written before the run; `unheld` where the
+    run did not hold that truth (a same-flags restart whose engine's own TTFT p99 moved beyond the
+    thresholds: the shared box's load moved) and kvscope agreed with the engine instead."""
+    if got in ("not_comparable", "missed"):
+        return "abstained"
+    if got == truth:
+        return "right"
+    if truth in ENGINE_VERDICTS and got == "no_change" and engine_truth in ("no_change", None):
+        return "right"  # the engine itself moved less than the thresholds: no_change is true
+    if truth == "no_change" and got == engine_truth:
+        return "unheld"
+    return "wrong"
+
+
+def _judged(source: RecordingSource, start: float, end: float) -> list:
+    return [j for pc in pool_curves(read_window(source, start, end, source.natural_step())) for j in pc.changes]
+
+
+def change_cells(name: str, meta: dict, source: RecordingSource, scrape_s: float, th: Thresholds) -> list[Cell]:
+    t0 = meta["recorded_at_unix"]
+    phases = meta["phases"]
+    names = [p["name"] for p in phases]
+    step = source.natural_step()
+    cells = []
+    for want in meta["expected_curve"]["changes"]:
+        i = names.index(want["after_phase"])
+        before, after = phases[i - 1], phases[i]
+        judged = _judged(source, t0 + before["start_s"], t0 + after["end_s"])
+        lo, hi = t0 + before["end_s"] - step, t0 + after["start_s"] + 2 * step
+        at = [j for j in judged if lo <= j.change.time <= hi]
+        at.sort(key=lambda j: j.change.kind == "curve")  # a restart or config event over a curve shift
+        got = at[0].verdict if at else "missed"
+        spurious = sum(j.verdict in ENGINE_VERDICTS for j in judged if not at or j is not at[0])
+        rel, delta = truth_shift(before, after)
+        engine = beyond(rel, delta, th)
+        shift = "" if rel is None else f"{rel:+.0%} ({delta:+.2f} s): {engine}"
+        note = ", ".join(sorted(j.change.kind for j in at)) if at else ""
+        cells.append(
+            Cell(
+                name,
+                scrape_s,
+                CHANGE_NAMES[want["verdict"]],
+                want["verdict"],
+                got,
+                classify(want["verdict"], got, engine),
+                shift,
+                spurious,
+                note,
+            )
+        )
+    first = phases[0]
+    judged = _judged(source, t0 + first["start_s"], t0 + first["end_s"])
+    engine = [j for j in judged if j.verdict in ENGINE_VERDICTS]
+    got = ",".join(f"{j.change.kind}:{j.verdict}" for j in judged) or "no change"
+    cells.append(Cell(name, scrape_s, "control", "no engine verdict", got, "wrong" if engine else "right"))
+    return cells
+
+
+def knee_cell(meta: dict, source: RecordingSource, scrape_s: float) -> Cell:
+    levels = meta["phases"]
+    sat = saturation_level(levels)
+    lo, hi = levels[sat - 1]["engine_in_flight_mean"], levels[sat + 1]["engine_in_flight_mean"]
+    truth = f"{levels[sat]['name']}: {lo:.1f}..{hi:.1f}"
+    (pc,) = pool_curves(read_window(source, None, None, source.natural_step()))
+    op = pc.operating
+    if op.knee_concurrency is None:
+        return Cell(KNEE, scrape_s, "knee", truth, "none", "abstained")
+    got = f"{op.knee_concurrency:.1f} ({op.knee_sign})"
+    ok = op.knee_sign in PLACING and lo <= op.knee_concurrency <= hi
+    return Cell(KNEE, scrape_s, "knee", truth, got, "right" if ok else "wrong")
+
+
+def sources(name: str, scrapes: list[float], tmp: Path):
+    """(scrape interval, source) per interval: the recording itself at its native interval, else
+    resampled into `tmp`."""
+    path = RECORDINGS / f"{name}.om.gz"
+    native = RecordingSource(path).natural_step()
+    rec = None
+    for s in scrapes:
+        if abs(s - native) < 0.5:
+            yield s, RecordingSource(path)
+            continue
+        rec = rec or read_variant_source(path)
+        out = tmp / f"{name}-{s:g}s.om"
+        write_recording(resample(s)(rec, {}), out)
+        yield s, RecordingSource(out)
+
+
+def run(names: list[str], scrapes: list[float]) -> list[Cell]:
+    th = Thresholds()
+    cells: list[Cell] = []
+    with tempfile.TemporaryDirectory(prefix="kvs-curve-bench-") as tmp:
+        for name in names:
+            meta = _meta(name)
+            for s, source in sources(name, scrapes, Path(tmp)):
+                if name == KNEE:
+                    cells.append(knee_cell(meta, source, s))
+                else:
+                    cells.extend(change_cells(name, meta, source, s, th))
+    return cells
+
+
+def table(cells: list[Cell]) -> str:
+    head = "| recording | scrape | cell | truth | engine TTFT p99 shift at matched load | kvscope | outcome |"
+    rows = [head, "|" + "---|" * 7]
+    for c in cells:
+        got = c.got + (f" ({c.note})" if c.note else "") + (f" +{c.spurious} spurious" if c.spurious else "")
+        short = c.recording.removeprefix("curve-shape-").removeprefix("curve-vllm-")
+        rows.append(f"| {short} | {c.scrape_s:g} s | {c.change} | {c.truth} | {c.truth_shift} | {got} | {c.outcome} |")
+    return "\n".join(rows)
+
+
+def compact(cells: list[Cell]) -> str:
+    """One row per recording and scrape, one column per cell: kvscope's verdict and its outcome;
+    then the engine's own truth per change (the same at every scrape)."""
+    cols = ["same-restart", "regression", "improvement", "control", "knee"]
+    by: dict[tuple[str, float], dict[str, Cell]] = {}
+    for c in cells:
+        by.setdefault((c.recording, c.scrape_s), {})[c.change] = c
+    used = [k for k in cols if any(k in row for row in by.values())]
+    rows = ["| recording | scrape | " + " | ".join(used) + " |", "|" + "---|" * (2 + len(used))]
+    for (rec, s), row in by.items():
+        short = rec.removeprefix("curve-shape-").removeprefix("curve-vllm-")
+        vals = [
+            f"{row[k].got}{f' (truth {row[k].truth})' if k == 'knee' else ''} **{row[k].outcome}**" if k in row else ""
+            for k in used
+        ]
+        rows.append(f"| {short} | {s:g} s | " + " | ".join(vals) + " |")
+    truths = ["", "| recording | " + " | ".join(cols[:3]) + " |", "|" + "---|" * 4]
+    for rec in dict.fromkeys(c.recording for c in cells if c.truth_shift):
+        first = {c.change: c for c in cells if c.recording == rec and c.truth_shift}
+        vals = [first[k].truth_shift if k in first else "" for k in cols[:3]]
+        truths.append(f"| {rec.removeprefix('curve-shape-').removeprefix('curve-vllm-')} | " + " | ".join(vals) + " |")
+    return "\n".join(rows + (truths if len(truths) > 3 else []))
+
+
+def totals(cells: list[Cell]) -> str:
+    out = []
+    for label, pick in [("all", lambda c: True)] + [
+        (f"{s:g} s", lambda c, s=s: c.scrape_s == s) for s in sorted({c.scrape_s for c in cells})
+    ]:
+        n = Counter(c.outcome for c in cells if pick(c))
+        line = f"{label}: {n['right']} right, {n['abstained']} abstained, {n['wrong']} wrong"
+        out.append(line + (f", {n['unheld']} unheld" if n["unheld"] else ""))
+    engine = [c for c in cells if c.truth in ENGINE_VERDICTS and c.truth_shift.endswith(c.truth)]
+    abst = sum(c.outcome == "abstained" for c in engine)
+    out.append(
+        f"abstained where the truth is a {'/'.join(ENGINE_VERDICTS)} beyond the thresholds: {abst} of {len(engine)}"
+    )
+    out.append(f"spurious engine verdicts inside change windows: {sum(c.spurious for c in cells)}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    shapes = sorted(p.name.removesuffix(".yaml") for p in RECORDINGS.glob("curve-shape-*.yaml"))
+    ap.add_argument("--only", nargs="+", help=f"recordings (default: {', '.join(shapes + [KNEE])})")
+    ap.add_argument("--detail", action="store_true", help="one row per cell, with the engine truth")
+    ap.add_argument("--scrapes", nargs="+", type=float, default=[2.0, 15.0, 30.0], help="scrape intervals, s")
+    a = ap.parse_args(argv)
+    t = time.monotonic()
+    cells = run(a.only or shapes + [KNEE], a.scrapes)
+    print(table(cells) if a.detail else compact(cells))
+    print()
+    print(totals(cells))
+    print(f"wall: {time.monotonic() - t:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
