@@ -22,8 +22,8 @@ from kvscope.diagnoser.render import fmt_time
 VERDICT_WORDS = {
     "regression": "regression: worse at the same load",
     "improvement": "improvement: better at the same load",
-    "no_change": "no_change: nothing moved beyond the thresholds at the same load",
-    "not_comparable": "not_comparable: the load before and after did not overlap, so no verdict",
+    "no_change": "no_change: at the same load the data excludes a move beyond the thresholds",
+    "not_comparable": "not_comparable: no verdict (load not overlapping, workload or machine moved, or undecided)",
 }
 METRIC_WORDS = {"ttft_p99_s": "TTFT p99", "itl_p99_s": "ITL p99", "output_tokens_per_s": "output tokens/s"}
 METRIC_UNITS = {"ttft_p99_s": "s", "itl_p99_s": "s", "output_tokens_per_s": "tokens/s"}

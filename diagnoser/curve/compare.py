@@ -7,8 +7,10 @@ intervals. The delta's 95 % interval is a block bootstrap over each side's inter
 order-statistic interval of one merged histogram (independent requests) is not. A metric is worse
 when its whole interval clears both thresholds in the worse direction (the relative share and the
 absolute amount): the change exceeds them at 95 % confidence, not only its point estimate. Any
-metric worse: regression; else any better: improvement; else no_change; no bucket in common:
-not_comparable (never a verdict on different load).
+metric worse: regression; else any better: improvement; else no_change where every metric's
+interval excludes a change beyond the thresholds (equivalence: `undecided`), not_comparable where
+some interval reaches past them (the data cannot decide); no bucket in common: not_comparable
+(never a verdict on different load).
 
 Matched load is more than matched concurrency (§8.2: one curve per input/output length
 combination; §8.4: compare at matched input/output lengths). Where the two sides' requests differ
@@ -210,6 +212,24 @@ def mix_differs(mix: dict, th: Thresholds) -> list[str]:
     return out
 
 
+def _within(d: dict, abs_min: float, rel_min: float) -> bool:
+    """The whole interval excludes a change beyond both thresholds either way (equivalence): at
+    each end of it, the absolute or the relative amount stays within its threshold."""
+    iv, rel_iv = d.get("interval"), d.get("relative_interval")
+    if iv is None or rel_iv is None:
+        return False
+    up = iv[1] > abs_min and rel_iv[1] > rel_min
+    down = -iv[0] > abs_min and -rel_iv[0] > rel_min
+    return not up and not down
+
+
+def undecided(d: dict, th: Thresholds) -> list[str]:
+    """The metrics whose interval clears no threshold and yet reaches past them (a change beyond
+    the thresholds is not excluded): where any is left, no_change is not shown and the verdict is
+    `not_comparable` (more traffic at the matched load would decide it)."""
+    return [m for m, x in d.items() if not _within(x, getattr(th, m), th.relative)]
+
+
 def _read(d: dict, th: Thresholds) -> tuple[str, list[str], list[str]]:
     worse = [m for m, x in d.items() if _beyond(x, METRICS[m][0], getattr(th, m), th.relative)]
     better = [m for m, x in d.items() if _beyond(x, -METRICS[m][0], getattr(th, m), th.relative)]
@@ -233,10 +253,14 @@ def verdict(
     time moved (`step_moved`), the metrics that moved its way (worse on a slower machine, better
     on a faster one) are the machine's speed as much as the engine's and are not counted; those
     that moved against it count where the reading with the step's ratio divided out has them too.
-    None left and some explained by the step: `not_comparable` (the reason says why)."""
+    None left and some explained by the step: `not_comparable` (the reason says why). `no_change`
+    only where every metric's interval excludes a change beyond the thresholds (`undecided`: else
+    `not_comparable`, the data cannot decide)."""
     if not d or (mix and mix_differs(mix, th)):
         return "not_comparable", [], []
     v, worse, better = _read(d, th)
+    if v == "no_change" and undecided(d, th):
+        return "not_comparable", [], []
     moved = step_moved(step, th)
     if v == "no_change" or not moved:
         return v, worse, better

@@ -10,11 +10,19 @@ import numpy as np
 
 from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.curve.changes import Change, raw_changes
-from kvscope.diagnoser.curve.compare import CACHE_MIX, Thresholds, deltas, mix_differs, step_moved, verdict
+from kvscope.diagnoser.curve.compare import (
+    CACHE_MIX,
+    Thresholds,
+    deltas,
+    mix_differs,
+    step_moved,
+    undecided,
+    verdict,
+)
 from kvscope.diagnoser.curve.decide import more_traffic
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point, peak_concurrency
-from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points
+from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points, placed
 from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, curve_step, read_window
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, EngineChange, Evidence, Finding, LeverAdvice
@@ -159,19 +167,59 @@ def _reason(v: str, d: dict, mix: dict, step: dict | None, th: Thresholds) -> st
             f"{'slower' if step_moved(step, th) > 0 else 'faster'} (a noisy neighbour) moves the metrics that moved "
             "as a setting the engine does not export does: the window cannot tell them apart"
         )
+    if open_ := undecided(d, th):
+        said = ", ".join(f"{m} {100 * lo:+.0f}..{100 * hi:+.0f}%" for m in open_ for lo, hi in [_rel(d[m])])
+        return (
+            f"undecided: no metric cleared the thresholds, and the interval of {said} still reaches past "
+            "them; more traffic at the matched load would decide it"
+        )
     return None
+
+
+def _rel(d: dict) -> tuple[float, float]:
+    iv = d.get("relative_interval") or [float("nan"), float("nan")]
+    return iv[0], iv[1]
 
 
 def curve_shift(
     iv: Intervals, th: Thresholds, points: Callable[[Intervals], list[Point]] = curve_points
 ) -> JudgedChange | None:
     """Where no label changed: the window's first half against its second at matched load; a
-    change of kind `curve` when that is a regression or an improvement."""
+    change of kind `curve` when that is a regression or an improvement and the shift holds in
+    both halves of each side (`_replicated`)."""
     if len(iv) < 4:
         return None
     mid = float(np.median(iv.t_end))
     j = judge(iv, [Change(mid, "curve")], 0.0, th, points)[0]
-    return j if j.verdict in ("regression", "improvement") else None
+    if j.verdict not in ("regression", "improvement"):
+        return None
+    return j if _replicated(iv, j, th, points) else None
+
+
+def _replicated(iv: Intervals, j: JudgedChange, th: Thresholds, points: Callable[[Intervals], list[Point]]) -> bool:
+    """A `curve` shift has no event to place it: the halves are a split the window invents, and
+    within one engine the machine and the load drift (a stretch of noise, a burst), so a shift
+    between the halves is noise as often as a change, and judging it on the very intervals that
+    found it asks too little. A change at the split moves every part of the after side against
+    every part of the before side: each side's intervals of each concurrency bucket are cut into
+    their earlier and their later half (in time; the bucket held fixed, so load that climbs
+    within a half stays matched), and the earlier halves against each other, then the later
+    halves, must each read the same verdict on a metric the halves named. A drift or a stretch
+    of noise inside one part of a side does not show in both."""
+    mid = j.change.time
+    b, ok = placed(iv)
+    early = np.zeros(len(iv), dtype=bool)
+    for side in (iv.t_end < mid, iv.t_end > mid):
+        for bucket in np.unique(b[side & ok]):
+            rows = np.flatnonzero(side & ok & (b == bucket))
+            rows = rows[np.argsort(iv.t_end[rows], kind="stable")]
+            early[rows[: len(rows) // 2]] = True
+    named = set(j.worse if j.verdict == "regression" else j.better)
+    for part in (early, ok & ~early):
+        p = judge(iv.take(part), [Change(mid, "curve")], 0.0, th, points)[0]
+        if p.verdict != j.verdict or not named & set(p.worse if j.verdict == "regression" else p.better):
+            return False
+    return True
 
 
 def pool_curves(

@@ -35,7 +35,8 @@ Production", §8.1-8.5).
 What changed: config changes (the engines' info series: vLLM cache_config_info's KV capacity),
 restarts (counter resets) and replica-count changes split the window; each change's curve before
 is compared with the curve after over the concurrency buckets both sides measured: regression,
-improvement, no_change, or not_comparable where the load does not overlap.
+improvement, no_change (the data excludes a move beyond the thresholds), or not_comparable where
+the load does not overlap or the data cannot decide.
 
 Sources (pick one), as for `kvscope diagnose`:
   --recording FILE.om[.gz]   --log FILE   --prometheus URL --since 1h   --agent URL --since 30m

@@ -38,29 +38,6 @@ TRUTHS = (
 )
 
 
-WRONG_AT_2S = {  # cells the current code gets wrong: the reason names what goes wrong
-    ("curve-shape-poisson-bursts", "control"): "the first phase alone (one engine, no restart) reads a `curve` "
-    "shift judged improvement: ITL p99 0.024 -> 0.010 s between its halves over one matched bucket (0.7 in "
-    "flight), where the engine did not change; the shared box's CPU busy share moved 100 % -> 95 % between the "
-    "halves (the YAML's host_cpu_busy_pct_mean per segment), the noisy neighbour of docs/curve.md",
-    ("curve-shape-ramp", "improvement"): "no_change where the engine's own TTFT p99 fell 76 % (-0.17 s) at the "
-    "same streams: the tiny-KV side's slow buckets (4-9 in flight at 12-16 streams) have no match on the roomy "
-    "side, which serves the same streams with 0.2-3 in flight; over the 3 matched buckets (1.1, 2.1, 4.3 in "
-    "flight) TTFT p99's fall has the interval [-0.147, -0.060] s, not wholly past 0.1 s, and tokens/s' relative "
-    "interval [+8 %, +77 %] not wholly past 10 %",
-    ("curve-shape-stairs-60", "improvement"): "no_change where the engine's own TTFT p99 fell 45 % (-0.10 s) at the "
-    "same streams: over the 3 matched buckets (1.0, 1.9, 8.7 in flight) TTFT p99's fall has the interval "
-    "[-0.123, -0.009] s and tokens/s' relative interval [+5 %, +34 %], neither wholly past its threshold",
-    ("curve-shape-stairs-60", "control"): "the first phase alone (one engine, no restart) reads a `curve` shift "
-    "judged improvement: output tokens/s +77 % (interval +51..+122 %) over one matched bucket at 1.3 in flight "
-    "between the phase's halves, which carry different stairs (1 and 4 streams, then 4 and 16); the host CPU "
-    "stayed at 100 % busy",
-    ("curve-shape-poisson-heavy", "regression"): "no_change where the engine's own TTFT p99 rose 334 % (+0.36 s; "
-    "2.37 s in the tiny-KV side's first 32/s burst, 9 waiting): the bursts' buckets (4-10 in flight, 10 s each) "
-    "are sparse, and the one matched bucket (0.57 in flight, the 8/s base) shows TTFT p99 0.068 -> 0.034 s",
-}
-
-
 def _bench():
     path = HERE.parents[1] / "bench" / "curve_robustness.py"
     spec = importlib.util.spec_from_file_location("curve_robustness", path)
@@ -114,16 +91,7 @@ def test_shape_provenance(name):
         assert len(a & b) >= 2, (a, b)
 
 
-@pytest.mark.parametrize(
-    ("name", "cell"),
-    [
-        pytest.param(n, c, marks=pytest.mark.xfail(strict=True, reason=WRONG_AT_2S[n, c]))
-        if (n, c) in WRONG_AT_2S
-        else (n, c)
-        for n in SHAPES
-        for c in CELLS
-    ],
-)
+@pytest.mark.parametrize(("name", "cell"), [(n, c) for n in SHAPES for c in CELLS])
 def test_no_wrong_verdict_at_the_native_scrape(name, cell):
     """right, abstained (not_comparable) or unheld (the engine's own truth moved where a restart
     with the same flags should have changed nothing, and kvscope read the engine): never wrong."""

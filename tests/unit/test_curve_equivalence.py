@@ -1,0 +1,37 @@
+"""no_change is a claim: the interval excludes a change beyond the thresholds (issue 55).
+
+A verdict of no_change where a metric's interval clears no threshold and yet reaches past one
+says "nothing moved" of data that cannot tell: on the robustness bench a KV cut whose engine
+TTFT p99 fell 76 % read no_change over an interval of [-0.147, -0.060] s against a threshold of
+0.1 s (docs/curve.md "Did it help"). Such a comparison is undecided: `not_comparable`."""
+
+from __future__ import annotations
+
+from kvscope.diagnoser.curve.compare import Thresholds, undecided, verdict
+
+
+def _d(interval, rel):
+    return {"interval": list(interval), "relative_interval": list(rel)}
+
+
+def test_an_interval_straddling_the_threshold_is_undecided_not_no_change():
+    d = {
+        "ttft_p99_s": _d([-0.147, -0.060], [-0.80, -0.30]),  # clears 10 % but not 0.1 s in full
+        "output_tokens_per_s": _d([2.0, 20.0], [0.05, 0.34]),  # reaches past 10 % but not in full
+    }
+    assert verdict(d, Thresholds()) == ("not_comparable", [], [])
+    assert undecided(d, Thresholds()) == ["ttft_p99_s", "output_tokens_per_s"]
+
+
+def test_intervals_inside_the_thresholds_are_no_change():
+    d = {
+        "ttft_p99_s": _d([-0.05, 0.04], [-0.60, 0.50]),  # large relative, small absolute: within
+        "output_tokens_per_s": _d([-30.0, 25.0], [-0.08, 0.07]),
+    }
+    assert verdict(d, Thresholds()) == ("no_change", [], [])
+    assert undecided(d, Thresholds()) == []
+
+
+def test_an_interval_wholly_past_the_thresholds_is_still_a_verdict():
+    d = {"ttft_p99_s": _d([0.2, 0.5], [0.5, 2.0]), "output_tokens_per_s": _d([-30.0, 25.0], [-0.4, 0.3])}
+    assert verdict(d, Thresholds()) == ("regression", ["ttft_p99_s"], [])
