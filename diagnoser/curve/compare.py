@@ -169,8 +169,8 @@ def _delta(mb: float, ma: float, rb: np.ndarray, ra: np.ndarray) -> dict:
 
 
 def _step_time(reps: dict[str, tuple[np.ndarray, np.ndarray]], out: dict) -> dict | None:
-    """The engine's step time before and after (ITL p50 over the matched buckets, the replicates'
-    medians) and every metric of `out` with the step's ratio divided out per replicate
+    """The engine's step time before and after (its mean ITL at the same-batch matched buckets,
+    the replicates' medians) and every metric of `out` with the step's ratio divided out per replicate
     (`scaled`: times over s, rates times s); None where the engines export no ITL."""
     rb, ra = reps[STEP]
     ok = ~np.isnan(rb) & ~np.isnan(ra) & (rb > 0)
