@@ -98,6 +98,14 @@ def _bursts(base: float, burst: float) -> tuple[Seg, ...]:
     return (Seg(25, rate=base), Seg(10, rate=burst), Seg(25, rate=base), Seg(10, rate=burst))
 
 
+DAY_RATES = (4.0, 8.0, 12.0, 16.0, 12.0, 8.0, 4.0)
+"""Poisson arrivals per second, 30 s each, twice per phase: a day's rise and fall, compressed."""
+
+
+def _day() -> tuple[Seg, ...]:
+    return tuple(Seg(30, rate=r) for r in DAY_RATES * 2)
+
+
 SHAPES: dict[str, tuple[str, tuple[tuple[Seg, ...], ...]]] = {  # name: (summary, each phase's segments)
     "curve-shape-stairs-10": ("closed-loop stairs 1, 2, 4, 8, 16 streams, 10 s each", (_stairs(STAIRS, 10),) * 4),
     "curve-shape-stairs-20": ("closed-loop stairs 1, 2, 4, 8, 16 streams, 20 s each", (_stairs(STAIRS, 20),) * 4),
@@ -110,6 +118,11 @@ SHAPES: dict[str, tuple[str, tuple[tuple[Seg, ...], ...]]] = {  # name: (summary
     "curve-shape-poisson-heavy": (  # the engine served 8/s bursts with < 1 in flight: the KV cut never bit
         "open-loop Poisson arrivals at 8/s with two 10 s bursts at 32/s",
         (_bursts(8.0, 32.0),) * 4,
+    ),
+    "curve-shape-poisson-day": (  # long sides: 7 minutes each, 14-28 intervals at 15-30 s scrapes
+        "open-loop Poisson arrivals whose rate rises 4 -> 16 -> 4 per second in 30 s steps, twice per phase "
+        "(7 minutes)",
+        (_day(),) * 4,
     ),
     "curve-shape-mid-ramp": (
         "one closed-loop ramp 1 -> 16 -> 1 streams (10 s steps) that the restarts cut in the middle: "

@@ -16,7 +16,7 @@ import pandas as pd
 from kvscope.core.objectives import Objectives, ObjectiveSet
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point
 from kvscope.diagnoser.curve.points import Point
-from kvscope.diagnoser.curve.report import JudgedChange, PoolCurve, pool_name
+from kvscope.diagnoser.curve.report import JudgedChange, PoolCurve, change_notes, pool_name
 from kvscope.diagnoser.render import fmt_time
 
 VERDICT_WORDS = {
@@ -111,6 +111,7 @@ class ChangeView:
     heading: str
     verdict: str
     verdict_words: str
+    notes: str  # why no verdict, how it was judged, what would decide it (curve.report.change_notes)
     deltas: pd.DataFrame
     rows: pd.DataFrame  # before and after curves, long (curve_rows with side)
 
@@ -137,7 +138,8 @@ def change_view(j: JudgedChange) -> ChangeView:
         ]
     )
     rows = pd.concat([curve_rows(j.before, "before"), curve_rows(j.after, "after")], ignore_index=True)
-    return ChangeView(heading, j.verdict, VERDICT_WORDS.get(j.verdict, j.verdict), deltas, rows)
+    notes = change_notes(j).strip().removeprefix(";").strip()
+    return ChangeView(heading, j.verdict, VERDICT_WORDS.get(j.verdict, j.verdict), notes, deltas, rows)
 
 
 def _interval(iv: list[float] | None) -> str | None:

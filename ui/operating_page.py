@@ -94,7 +94,9 @@ def render_changes(pc: PoolCurve) -> None:
     )
     for j in pc.changes:
         view = change_view(j)
-        VERDICT_BOX.get(view.verdict, st.info)(f"**{view.heading}**  \n{view.verdict_words}")
+        VERDICT_BOX.get(view.verdict, st.info)(
+            f"**{view.heading}**  \n{view.verdict_words}" + (f"  \n{view.notes}" if view.notes else "")
+        )
         if not view.deltas.empty:
             st.dataframe(view.deltas, hide_index=True, width="stretch")
         if not view.rows.empty:

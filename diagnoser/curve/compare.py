@@ -44,9 +44,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvscope.diagnoser.curve import bootstrap
-from kvscope.diagnoser.curve.intervals import COMPUTED, Intervals
+from kvscope.diagnoser.curve.intervals import ARRIVAL_RATE, COMPUTED, Intervals
 from kvscope.diagnoser.curve.operating import KneeParams
-from kvscope.diagnoser.curve.points import EDGES, Point, placed
+from kvscope.diagnoser.curve.points import EDGES, MIN_INTERVALS, MIN_REQUESTS, Point, placed
 
 METRICS = {  # name -> (direction where larger is worse, CI field)
     "ttft_p99_s": (+1, "ttft_p99_ci"),
@@ -118,7 +118,11 @@ def deltas(
             continue
         mb, ma = (float(np.average(v[have], weights=weights[have])) for v in (vb, va))
         out[name] = _delta(mb, ma, *reps[name]) | {"buckets": int(have.sum())}
-    step = _step_time(reps, out)
+    return out, [a.concurrency for _, a in pairs], _mix(reps), _step_time(reps, out)
+
+
+def _mix(reps: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, dict | None]:
+    """Per MIX name {before, after, relative, relative_interval} from the replicates (None: absent)."""
     mix: dict[str, dict | None] = {}
     for name in MIX:
         rb, ra = reps[name]
@@ -136,7 +140,7 @@ def deltas(
             "relative": (ma - mb) / mb if mb else None,
             "relative_interval": bootstrap.interval(rel),
         }
-    return out, [a.concurrency for _, a in pairs], mix, step
+    return mix
 
 
 def same_batch(b: Point, a: Point) -> bool:
@@ -153,9 +157,9 @@ def same_batch(b: Point, a: Point) -> bool:
     return calm and abs((b.concurrency - b.waiting) - (a.concurrency - a.waiting)) <= KneeParams().pinned_slack
 
 
-def _delta(mb: float, ma: float, rb: np.ndarray, ra: np.ndarray) -> dict:
+def _delta(mb: float, ma: float, rb: np.ndarray, ra: np.ndarray, level: float = bootstrap.LEVEL) -> dict:
     """{before, after, delta, relative, interval, relative_interval}: the point estimates and the
-    replicates' intervals of the difference and the relative difference."""
+    replicates' `level` intervals of the difference and the relative difference."""
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(rb > 0, ra / rb - 1.0, np.nan)
     return {
@@ -163,8 +167,8 @@ def _delta(mb: float, ma: float, rb: np.ndarray, ra: np.ndarray) -> dict:
         "after": ma,
         "delta": ma - mb,
         "relative": (ma - mb) / mb if mb else None,
-        "interval": bootstrap.interval(ra - rb),
-        "relative_interval": bootstrap.interval(rel),
+        "interval": bootstrap.interval(ra - rb, level),
+        "relative_interval": bootstrap.interval(rel, level),
     }
 
 
@@ -271,3 +275,101 @@ def verdict(
         return ("improvement", [], kept) if kept else ("not_comparable", [], [])
     kept = [m for m in worse if m in worse2]
     return ("regression", kept, []) if kept else ("not_comparable", [], [])
+
+
+ORDERED = ("ttft_p99_s",)
+"""The metrics the curve orders by the load offered: the time to first token does not fall as more
+requests arrive (§8.1: a request waits behind more), so a side slower at less load than the other
+carries is slower at the same load. Not ITL: the decode step follows the batch the scheduler
+admits, and a setting moves that at the same load (a KV cut caps the batch: fewer running, shorter
+steps, more waiting), so ITL at a matched arrival rate reads the setting's trade of TTFT for ITL,
+which a verdict from one metric's order would call a regression where TTFT fell by half."""
+
+
+def _rate_pairs(
+    before: Intervals, after: Intervals, rate_b: np.ndarray, rate_a: np.ndarray, sign: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per arrival-rate bucket (EDGES, per second) of the after side: its rows, and the before
+    side's rows in that bucket or above it (`sign` +1: the after side at the lesser load) or in it
+    or below it (-1), where both hold enough data (`_enough`). Within one bucket the rates are
+    matched as concurrency is (about x1.41 wide); across buckets they are ordered. Chosen from
+    the rates and the counts alone, never the metrics."""
+    k_a = np.searchsorted(EDGES, rate_a)
+    out = []
+    for k in np.unique(k_a[~np.isnan(rate_a)]):
+        if k == 0 or k >= len(EDGES):
+            continue  # idle (below EDGES[0]), or above the last edge: no bound on that side
+        rows_a = np.flatnonzero(k_a == k)
+        with np.errstate(invalid="ignore"):
+            rows_b = np.flatnonzero(rate_b > EDGES[k - 1]) if sign > 0 else np.flatnonzero(rate_b <= EDGES[k])
+        if _enough(before, rows_b) and _enough(after, rows_a):
+            out.append((rows_b, rows_a))
+    return out
+
+
+def _enough(iv: Intervals, rows: np.ndarray) -> bool:
+    n = iv.counters.get("request_ttft_seconds_count")
+    return len(rows) >= MIN_INTERVALS and n is not None and float(np.nansum(n[rows])) >= MIN_REQUESTS
+
+
+def _point(iv: Intervals, rows: np.ndarray, stat: bootstrap.Stat) -> float:
+    return float(stat(iv.take(np.isin(np.arange(len(iv)), rows)), np.ones((1, len(rows))))[0])
+
+
+def by_offered_load(before: Intervals, after: Intervals, th: Thresholds, gate_cache: bool = True) -> dict | None:
+    """A verdict where the sides share no concurrency bucket that decides, from the order of the
+    curve in the load offered (ORDERED): the after side slower at an arrival rate below the before
+    side's (a `regression`), or faster at one above it (an `improvement`). Per arrival-rate bucket
+    of the after side, its intervals against the before side's at or above the bucket's upper edge
+    (or at or below its lower edge: `_rate_pairs`): if latency does not fall with the load offered
+    on either side, the merged histogram of the intervals below an edge is no slower than the side
+    at the edge, and that of the intervals above it no faster, so the pair's difference bounds the
+    change at that edge. A pair whose whole interval clears the thresholds is the verdict; with K
+    pairs tried (both claims), each interval is read at the level 1 - 0.05 / K (Bonferroni: the
+    chance that any of them clears by noise stays under 5 %). The open loop's input is the arrival
+    rate (a slower engine holds more requests at the same rate, so concurrency alone cannot match
+    it); in a closed loop it is what the streams drew. The token mix must match on the intervals
+    compared (the computed prefill only where `gate_cache`). None where no pair clears, or a
+    metric clears both ways (the order does not hold: the load moved in a way the rate does not
+    show); else {verdict, worse, better, deltas (the pair that cleared furthest), offered_load:
+    its mix, split: {arrival_rate_per_s: the edge, before_intervals, after_intervals, pairs}}."""
+    rate_b, rate_a = before.gauges.get(ARRIVAL_RATE), after.gauges.get(ARRIVAL_RATE)
+    if rate_b is None or rate_a is None:
+        return None
+    stats = _stats(before.step)
+    claims = {sign: _rate_pairs(before, after, rate_b, rate_a, sign) for sign in (+1, -1)}
+    k = sum(len(p) for p in claims.values())
+    level = 1.0 - (1.0 - bootstrap.LEVEL) / max(k, 1)
+    found: dict[int, dict] = {}
+    for sign, pairs in claims.items():
+        for rows_b, rows_a in pairs:
+            reps = bootstrap.matched_replicates(before, after, [(rows_b, rows_a, 1.0)], stats)
+            mix = _mix(reps)
+            if mix_differs({k: x for k, x in mix.items() if gate_cache or k != CACHE_MIX}, th):
+                continue
+            d = {}
+            for m in ORDERED:
+                mb, ma = _point(before, rows_b, stats[m]), _point(after, rows_a, stats[m])
+                if not np.isnan(mb) and not np.isnan(ma):
+                    d[m] = _delta(mb, ma, *reps[m], level) | {"buckets": 1}
+            named = [m for m, x in d.items() if _beyond(x, sign, getattr(th, m), th.relative)]
+            if not named:
+                continue
+            edge = EDGES[np.searchsorted(EDGES, rate_a[rows_a][0]) - (0 if sign > 0 else 1)]
+            clear = max(sign * x["relative_interval"][0 if sign > 0 else 1] for m, x in d.items() if m in named)
+            if sign not in found or clear > found[sign]["clear"]:
+                split = {"arrival_rate_per_s": float(edge), "before_intervals": len(rows_b)}
+                split |= {"after_intervals": len(rows_a), "pairs": k, "level": level}
+                found[sign] = {"named": named, "deltas": d, "offered_load": mix, "split": split, "clear": clear}
+    if not found or (len(found) == 2 and set(found[+1]["named"]) & set(found[-1]["named"])):
+        return None
+    sign = +1 if +1 in found else -1
+    f = found[sign]
+    return {
+        "verdict": "regression" if sign > 0 else "improvement",
+        "worse": f["named"] if sign > 0 else [],
+        "better": f["named"] if sign < 0 else [],
+        "deltas": f["deltas"],
+        "offered_load": f["offered_load"],
+        "split": f["split"],
+    }

@@ -48,6 +48,13 @@ Unit = tuple[str, str]  # (instance, dp_rank)
 COMPUTED = "engine_prompt_tokens_computed"
 """Per interval: the prompt tokens the engine computed, its prompt tokens less its device prefix
 cache's hits (NaN where either is not exported): the prefill work the requests asked of it."""
+ARRIVAL_RATE = "arrival_rate"
+"""Per interval: the requests that reached the engine per second, over the span the gauges are
+averaged over: those that finished in it plus the change of the requests in the engine (running
+plus waiting) from its start to its end, read at the grid points (conservation: what arrived
+either left or is still there). The offered load as the engine saw it, in open loop the input and
+in closed loop what the clients' streams drew; NaN where the engine exports no finished counter or
+no in-engine gauge, and over a reset."""
 
 
 @dataclass
@@ -236,6 +243,23 @@ def little_concurrency(
     return np.where(bad, np.nan, value), np.where(bad, np.nan, err)
 
 
+def arrival_rate(finished: np.ndarray, ends: np.ndarray, drops: np.ndarray, step: float, half: int) -> np.ndarray:
+    """Requests that reached the engine per second, per unit and interval, over the span of
+    intervals i-half..i+half (the interval alone where that span is cut): the finished requests in
+    the span plus the requests in the engine at its end less those at its start (`ends`: the gauges
+    at each grid point). NaN where a value is missing or a counter was reset in the span."""
+
+    def over(h: int) -> np.ndarray:
+        total, present, lo, hi = _window_sum(finished, h)
+        dropped, _, _, _ = _window_sum(drops.astype(float), h)
+        with np.errstate(invalid="ignore"):
+            value = (total + ends[:, hi] - ends[:, lo]) / ((hi - lo) * step)
+        return np.where((present < hi - lo) | (dropped > 0), np.nan, value)
+
+    out = over(half)
+    return np.where(np.isnan(out), over(0), out) if half else out
+
+
 def weigh(a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Two estimates of one quantity with their standard errors, combined by inverse variance:
     (value, standard error, a's weight). Where one is missing, the other; where one is exact (zero
@@ -321,6 +345,8 @@ def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
             iv.gauges[CONCURRENCY], iv.spread, iv.little_weight = weigh(
                 little[u_idx, i_idx], little_err[u_idx, i_idx], iv.gauges[CONCURRENCY], gauge_err
             )
+        arrivals = arrival_rate(counters["engine_requests_finished_total"], conc, drops, frame.step, half)
+        iv.gauges[ARRIVAL_RATE] = arrivals[u_idx, i_idx]
         running_seen = running[~np.isnan(running)]
         iv.running_max = float(running_seen.max()) if len(running_seen) else None
         out[pool] = iv

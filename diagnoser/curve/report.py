@@ -13,6 +13,7 @@ from kvscope.diagnoser.curve.changes import Change, raw_changes
 from kvscope.diagnoser.curve.compare import (
     CACHE_MIX,
     Thresholds,
+    by_offered_load,
     deltas,
     mix_differs,
     step_moved,
@@ -29,6 +30,12 @@ from kvscope.diagnoser.findings import Diagnosis, EngineChange, Evidence, Findin
 from kvscope.diagnoser.sources.window import Source
 
 RULE_ID = "regression_after_change"
+SETTINGS = ("config", "version")
+"""The change kinds judged by the load offered too (compare.by_offered_load) where no concurrency
+bucket decides: a setting or a version changed, so the engine may hold a different number of
+requests at the same arrival rate. Not a restart with the same flags, a replica count or a shift
+with no event: there nothing the engine runs changed, and a verdict would need the machine's speed
+held (the step-time check), which the rate's order does not check."""
 SETTLE_S = 30.0
 """Seconds after a change left out of the 'after' side (a restarted engine warms up: §8.2)."""
 FINDING_KINDS = ("config", "version", "restart")
@@ -71,6 +78,10 @@ class JudgedChange:
     more_traffic: list[dict] | None = None
     """Where no bucket matched: per bucket either side reached, the intervals and seconds of traffic
     at that load each side still needs to make it comparable (decide.more_traffic); else None."""
+    by_arrival_rate: dict | None = None
+    """Where the verdict came from the curve's order in the load offered (compare.by_offered_load),
+    not from matched concurrency: the arrival rate that split the sides and the intervals of each
+    compared ({arrival_rate_per_s, before_intervals, after_intervals}); else None."""
     before: list[Point] = field(default_factory=list, repr=False)
     """The curve before the change and after it, as compared (the UI overlays them); not in the JSON."""
     after: list[Point] = field(default_factory=list, repr=False)
@@ -145,9 +156,16 @@ def judge(
         setting = c.kind == "config"
         gate = {k: x for k, x in mix.items() if not (k == CACHE_MIX and setting)}
         v, worse, better = verdict(d, th, gate, None if setting else step)
+        by_rate = None
+        if v == "not_comparable" and c.kind in SETTINGS and not mix_differs(gate, th):
+            by_rate = by_offered_load(before, after, th, gate_cache=not setting)
+            if by_rate:
+                v, worse, better = by_rate["verdict"], by_rate["worse"], by_rate["better"]
+                d, mix = by_rate["deltas"], by_rate["offered_load"]
         more = more_traffic(*sides, iv.step) if not d else None
-        reason = _reason(v, d, gate, step, th)
-        out.append(JudgedChange(c, v, d, worse, better, matched, mix, reason, step, more, *sides))
+        reason = _reason(v, d, gate, None if setting else step, th)
+        split = by_rate["split"] if by_rate else None
+        out.append(JudgedChange(c, v, d, worse, better, matched, mix, reason, step, more, split, *sides))
     return out
 
 
@@ -489,10 +507,25 @@ def changes_text(pc: PoolCurve) -> list[str]:
         out.append(
             f"change {iso_utc(c.time)} {c.kind}{where} {_diff(c.diff)}: {j.verdict}"
             + (f" [{moved}]" if moved else "")
-            + (f" ({j.reason})" if j.reason else "")
-            + _more_text(j.more_traffic)
+            + change_notes(j)
         )
     return out
+
+
+def change_notes(j: JudgedChange) -> str:
+    """Why a change got no verdict, how it was judged where no concurrency bucket decided, and the
+    traffic that would decide it: the text after the verdict (the CLI's and the UI's one wording)."""
+    return (f" ({j.reason})" if j.reason else "") + _rate_text(j.by_arrival_rate) + _more_text(j.more_traffic)
+
+
+def _rate_text(split: dict | None) -> str:
+    """' (at matched arrival rate: ...)' where the verdict came from the load offered, else ''."""
+    if not split:
+        return ""
+    return (
+        f" (judged at the arrival rate: no concurrency bucket decided; {split['after_intervals']} intervals after "
+        f"against {split['before_intervals']} before on either side of {split['arrival_rate_per_s']:g} requests/s)"
+    )
 
 
 def _more_text(more: list[dict] | None) -> str:
