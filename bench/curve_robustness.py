@@ -194,7 +194,7 @@ def sources(name: str, scrapes: list[float], tmp: Path):
             continue
         rec = rec or read_variant_source(path)
         out = tmp / f"{name}-{s:g}s.om"
-        write_recording(resample(s)(rec, {}), out)
+        write_recording(resample(s, snap=True)(rec, {}), out)
         yield s, RecordingSource(out)
 
 

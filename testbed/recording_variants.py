@@ -129,18 +129,22 @@ def write_spans(src: str | os.PathLike[str], dest: Path, shift_s: float) -> None
 
 
 # ---------------------------------------------------------------------------- transforms
-def resample(interval_s: float) -> Callable[[Recording, dict[str, Any]], Recording]:
-    """Keep, per target, the first scrape of every `interval_s` slot: a slower scrape interval."""
+def resample(interval_s: float, snap: bool = False) -> Callable[[Recording, dict[str, Any]], Recording]:
+    """Keep, per target, the first scrape of every `interval_s` slot: a slower scrape interval.
+    `snap`: each kept scrape stamped at its slot's start, as a scraper on a fixed interval stamps
+    them (moved by less than the native interval); else at its own time, so that an interval the
+    native one does not divide (15 s of 2 s scrapes) alternates 14 and 16 s, and a grid of 15 s
+    reads every other sample twice."""
 
     def apply(rec: Recording, meta: dict[str, Any]) -> Recording:
         t0 = rec.start
         seen: set[tuple[str, str, int]] = set()
         kept = []
         for sc in sorted(rec.scrapes, key=lambda s: s.timestamp):
-            slot = (sc.job, sc.instance, int(math.floor((sc.timestamp - t0) / interval_s)))
-            if slot not in seen:
-                seen.add(slot)
-                kept.append(sc)
+            k = int(math.floor((sc.timestamp - t0) / interval_s))
+            if (sc.job, sc.instance, k) not in seen:
+                seen.add((sc.job, sc.instance, k))
+                kept.append(replace(sc, timestamp=t0 + k * interval_s) if snap else sc)
         return replace(rec, scrapes=kept)
 
     return apply

@@ -120,6 +120,8 @@ def test_not_comparable_is_said_as_no_verdict():
     (pc,) = pool_curves(_two_phases(hump, 200.0, conc_after=[40.0] * 20), settle_s=0.0)
     view = change_view(pc.changes[0])
     assert view.verdict == "not_comparable" and "no verdict" in view.verdict_words and view.deltas.empty
+    # and what would decide it, in the words `kvscope curve` prints (change_notes)
+    assert view.notes.startswith("to decide it:") and "more intervals" in view.notes, view.notes
 
 
 def test_measured_sizing_says_where_the_numbers_come_from(stairs):
