@@ -1,4 +1,5 @@
-"""How much more traffic, at which load, would decide a change that had no bucket in common.
+"""How much more traffic, at which load, would decide a change that had no bucket in common, or
+whose matched buckets left an interval straddling a threshold.
 
 A change is judged only at the concurrency buckets both sides measured densely (points.py:
 MIN_INTERVALS intervals and MIN_REQUESTS requests). Where none is, the verdict is
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from kvscope.diagnoser.curve.compare import Thresholds, undecided
 from kvscope.diagnoser.curve.points import MIN_INTERVALS, MIN_REQUESTS, Point
 
 SHOWN = 3
@@ -55,4 +57,56 @@ def more_traffic(before: list[Point], after: list[Point], step: float) -> list[d
             seconds += math.inf if n is None else n * step
         conc = [p.concurrency for p in (b, a) if p]
         out.append((seconds, {"bucket": list(bucket), "concurrency": round(sum(conc) / len(conc), 3)} | sides))
+    return [x for _, x in sorted(out, key=lambda t: t[0])][:SHOWN]
+
+
+def _factor(point: float | None, iv: list[float] | None, t: float) -> float | None:
+    """(h / r)^2 on one scale where its interval straddles +-t: h its half-width, r the distance
+    from the estimate to the threshold inside it; None where it straddles neither or r is under a
+    tenth of t (the estimate sits on the threshold: no amount is estimable)."""
+    if point is None or not iv:
+        return None
+    inside = [x for x in (t, -t) if iv[0] < x < iv[1]]
+    if not inside:
+        return None
+    room = min(abs(point - x) for x in inside)
+    return None if room < 0.1 * t else ((iv[1] - iv[0]) / 2 / room) ** 2
+
+
+def more_to_settle(d: dict, th: Thresholds, before: list[Point], after: list[Point], step: float) -> list[dict]:
+    """Where buckets matched and some metric's interval neither clears the thresholds nor rules
+    them out (`compare.undecided`): per matched bucket, as `more_traffic`, the intervals each side
+    would add, every matched bucket alike, for the intervals to settle it, if the change stayed at
+    its estimate and the interval narrowed as one over the square root of the intervals (the
+    bootstrap's own rate on a stationary side): for each undecided metric, on the scale (absolute
+    or relative) whose interval straddles its threshold and needs the least, (h / r)^2 times the
+    intervals (`_factor`); the metric needing the most sets it. An estimate, said as one. [] where
+    none is estimable."""
+    factor = 0.0
+    for m in undecided(d, th):
+        x = d[m]
+        scales = (
+            _factor(x.get("delta"), x.get("interval"), getattr(th, m)),
+            _factor(x.get("relative"), x.get("relative_interval"), th.relative),
+        )
+        known = [f for f in scales if f is not None]
+        if not known:
+            return []
+        factor = max(factor, min(known))
+    if factor <= 1.0:
+        return []
+    b_by = {p.bucket: p for p in before if not p.sparse}
+    out: list[tuple[float, dict]] = []
+    for a in after:
+        b = b_by.get(a.bucket)
+        if a.sparse or b is None:
+            continue
+        sides = {}
+        for name, p in (("before", b), ("after", a)):
+            n = math.ceil(p.intervals * (factor - 1.0))
+            sides[name] = {"intervals": p.intervals, "requests": p.requests}
+            sides[name] |= {"more_intervals": n, "more_seconds": n * step}
+        seconds = sides["before"]["more_seconds"] + sides["after"]["more_seconds"]
+        conc = round((a.concurrency + b.concurrency) / 2, 3)
+        out.append((seconds, {"bucket": list(a.bucket), "concurrency": conc} | sides))
     return [x for _, x in sorted(out, key=lambda t: t[0])][:SHOWN]

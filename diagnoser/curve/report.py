@@ -20,7 +20,7 @@ from kvscope.diagnoser.curve.compare import (
     undecided,
     verdict,
 )
-from kvscope.diagnoser.curve.decide import more_traffic
+from kvscope.diagnoser.curve.decide import more_to_settle, more_traffic
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point, peak_concurrency
 from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points, placed
@@ -36,6 +36,8 @@ bucket decides: a setting or a version changed, so the engine may hold a differe
 requests at the same arrival rate. Not a restart with the same flags, a replica count or a shift
 with no event: there nothing the engine runs changed, and a verdict would need the machine's speed
 held (the step-time check), which the rate's order does not check."""
+UNDECIDED = "undecided"
+"""The reason's first word where the matched buckets' intervals straddle a threshold."""
 SETTLE_S = 30.0
 """Seconds after a change left out of the 'after' side (a restarted engine warms up: §8.2)."""
 FINDING_KINDS = ("config", "version", "restart")
@@ -162,8 +164,10 @@ def judge(
             if by_rate:
                 v, worse, better = by_rate["verdict"], by_rate["worse"], by_rate["better"]
                 d, mix = by_rate["deltas"], by_rate["offered_load"]
-        more = more_traffic(*sides, iv.step) if not d else None
         reason = _reason(v, d, gate, None if setting else step, th)
+        more = more_traffic(*sides, iv.step) if not d else None
+        if reason and reason.startswith(UNDECIDED):
+            more = more_to_settle(d, th, *sides, iv.step) or None
         split = by_rate["split"] if by_rate else None
         out.append(JudgedChange(c, v, d, worse, better, matched, mix, reason, step, more, split, *sides))
     return out
@@ -188,7 +192,7 @@ def _reason(v: str, d: dict, mix: dict, step: dict | None, th: Thresholds) -> st
     if open_ := undecided(d, th):
         said = ", ".join(f"{m} {100 * lo:+.0f}..{100 * hi:+.0f}%" for m in open_ for lo, hi in [_rel(d[m])])
         return (
-            f"undecided: no metric cleared the thresholds, and the interval of {said} still reaches past "
+            f"{UNDECIDED}: no metric cleared the thresholds, and the interval of {said} still reaches past "
             "them; more traffic at the matched load would decide it"
         )
     return None
