@@ -3,7 +3,8 @@
 * config: a canonical gauge read from an engine's `*_info` series (vLLM cache_config_info's KV
   capacity, lora_requests_info's max_lora) takes a new value on an instance;
 * restart: a counter of an instance drops (the engine process started again; Prometheus reads
-  the same reset);
+  the same reset), or its process start time takes a new value (a restart no counter shows
+  dropping: the scrapes around it were too far apart);
 * replicas: the number of instances reporting the concurrency signal changes and stays changed.
 Events of one pool closer than `merge_s` are one event (a config change comes with a restart).
 Engine version and the model served are facts the engines export as labels of info series that
@@ -18,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvscope.diagnoser.curve.intervals import Pool, Unit, unit_of
-from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, CONFIG_GAUGES, COUNTERS, HISTOGRAMS
+from kvscope.diagnoser.curve.intervals import Pool, Unit, new_process, per_instance, unit_of
+from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, CONFIG_GAUGES, COUNTERS, HISTOGRAMS, START_TIME
 from kvscope.diagnoser.evaluate.frame import Frame
 
 KIND_ORDER = ("version", "config", "replicas", "restart", "curve")
@@ -87,6 +88,10 @@ def raw_changes(frame: Frame) -> dict[Pool, list[Change]]:
     for name in COUNTERS + tuple(f"{h}_count" for h in HISTOGRAMS):
         for pool, instance, t, _, _ in _unit_steps(frame, name, units, np.greater):
             out[pool].append(Change(t, "restart", {}, [instance]))
+    listed = list(units)
+    started = new_process(per_instance(frame.block(START_TIME), listed, len(frame.ts)))
+    for u, i in zip(*np.nonzero(started), strict=True):
+        out[units[listed[u]]].append(Change(float(frame.ts[i + 1]), "restart", {}, [listed[u][0]]))
     for pool, changes in _replica_changes(frame, units).items():
         out[pool] += changes
     return {pool: merge(events, 3 * frame.step) for pool, events in out.items()}

@@ -29,6 +29,7 @@ from kvscope.diagnoser.curve.window import (
     LITTLE_SUMS,
     MIX_COUNTERS,
     OBJECTIVE_HISTOGRAMS,
+    START_TIME,
     STEP_COUNTERS,
 )
 from kvscope.diagnoser.evaluate.frame import Block, Frame
@@ -141,6 +142,30 @@ def _counter(block: Block | None, index: dict[Unit, int], n_t: int) -> tuple[np.
             out[u] = np.where(present.any(axis=0), np.nansum(np.where(present, inc, 0.0), axis=0), np.nan)
             dropped[u] = drop.any(axis=0)
     return out, dropped
+
+
+def per_instance(block: Block | None, units: list[Unit], n_t: int) -> np.ndarray:
+    """[units, grid]: a process-level series (no data-parallel rank) read for every unit of its
+    instance (the highest where several match); NaN where the instance has none."""
+    out = np.full((len(units), n_t), np.nan)
+    if block is not None:
+        rows: dict[str, list[int]] = defaultdict(list)
+        for r, labels in enumerate(block.labels):
+            rows[unit_of(labels)[0]].append(r)
+        for u, (instance, _) in enumerate(units):
+            if rows.get(instance):
+                out[u] = np.fmax.reduce(block.values[rows[instance]], axis=0)
+    return out
+
+
+def new_process(started: np.ndarray) -> np.ndarray:
+    """[units, intervals]: the interval ends at a process start time other than the one last read
+    before it (a restart, which a counter need not show dropping); False where none is read."""
+    last = np.where(~np.isnan(started), np.arange(started.shape[1]), -1)
+    last = np.maximum.accumulate(last, axis=1)[:, :-1]  # the last grid point read up to each interval's start
+    before = np.take_along_axis(started, np.maximum(last, 0), axis=1)
+    with np.errstate(invalid="ignore"):
+        return (last >= 0) & ~np.isnan(started[:, 1:]) & (started[:, 1:] != before)
 
 
 def _device_hits(frame: Frame) -> Block | None:
@@ -298,6 +323,7 @@ def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
         for name in COUNTERS + MIX_COUNTERS + STEP_COUNTERS + tuple(f"{h}_count" for h in HISTOGRAMS):
             counters[name], dropped = _counter(frame.block(name), index, n_t)
             drops |= dropped
+        drops |= new_process(per_instance(frame.block(START_TIME), units, n_t))
         counters[COMPUTED] = counters["engine_prompt_tokens_total"] - _counter(_device_hits(frame), index, n_t)[0]
         hists = {
             h: got

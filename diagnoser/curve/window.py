@@ -45,6 +45,11 @@ CONFIG_GAUGES = (
 cache_config_info, lora_requests_info) and static gauges (SGLang max_total_num_tokens,
 page_size): their value over time is the configuration over time."""
 
+START_TIME = "engine_process_start_time_seconds"
+"""The serving process's start time (prometheus_client's process collector): a new value is a
+restart even where no counter is seen to drop (a scrape gap longer than the new process took to
+pass its old counts: at 30 s scrapes a restart that takes 25 s and serves 60 s is that)."""
+
 SIGNALS = (
     frozenset({f"{h}_bucket" for h in HISTOGRAMS} | {f"{h}_count" for h in HISTOGRAMS} | set(GAUGES) | set(COUNTERS))
     | frozenset(f"{h}_bucket" for h in OBJECTIVE_HISTOGRAMS)
@@ -52,6 +57,7 @@ SIGNALS = (
     | frozenset(STEP_COUNTERS)
     | frozenset({CACHE_HITS})
     | frozenset(CONFIG_GAUGES)
+    | frozenset({START_TIME})
     | frozenset(f"{h}_sum" for hs in LITTLE_SUMS for h in hs)
     | frozenset(f"{hs[-1]}_count" for hs in LITTLE_SUMS)
 )
