@@ -358,7 +358,7 @@ def by_offered_load(before: Intervals, after: Intervals, th: Thresholds, gate_ca
             edge = EDGES[np.searchsorted(EDGES, rate_a[rows_a][0]) - (0 if sign > 0 else 1)]
             clear = max(sign * x["relative_interval"][0 if sign > 0 else 1] for m, x in d.items() if m in named)
             if sign not in found or clear > found[sign]["clear"]:
-                split = {"arrival_rate_per_s": float(edge), "before_intervals": len(rows_b)}
+                split = {"method": "ordered", "arrival_rate_per_s": float(edge), "before_intervals": len(rows_b)}
                 split |= {"after_intervals": len(rows_a), "pairs": k, "level": level}
                 found[sign] = {"named": named, "deltas": d, "offered_load": mix, "split": split, "clear": clear}
     if not found or (len(found) == 2 and set(found[+1]["named"]) & set(found[-1]["named"])):
@@ -373,3 +373,54 @@ def by_offered_load(before: Intervals, after: Intervals, th: Thresholds, gate_ca
         "offered_load": f["offered_load"],
         "split": f["split"],
     }
+
+
+RATE_MATCHED = ("ttft_p99_s", "output_tokens_per_s")
+"""The metrics compared at matched arrival rate: TTFT, and the throughput that at a matched rate
+below saturation is the rate's own (so it reads the same unless the engine fell behind). Not ITL
+(ORDERED says why)."""
+
+
+def at_matched_rate(before: Intervals, after: Intervals, th: Thresholds, gate_cache: bool = True) -> dict | None:
+    """The comparison at matched concurrency, over arrival-rate buckets instead (EDGES, per second:
+    the intervals of both sides whose rate fell in the same bucket, where both hold `_enough`),
+    on RATE_MATCHED: the open loop's input held, where concurrency is partly the engine's outcome
+    (a fast engine keeps every rate from 4 to 16 a second under 1.5 requests in flight, so one
+    concurrency bucket mixes them and its throughput reads the rate, not the engine). The same
+    bootstrap, thresholds, equivalence and token-mix test as `deltas` and `verdict`. None where no
+    rate bucket is dense on both sides or the mix differs; else {verdict, worse, better, deltas,
+    offered_load, split: {method: matched, rate_buckets, before_intervals, after_intervals}}."""
+    rate_b, rate_a = before.gauges.get(ARRIVAL_RATE), after.gauges.get(ARRIVAL_RATE)
+    if rate_b is None or rate_a is None:
+        return None
+    k_b, k_a = np.searchsorted(EDGES, rate_b), np.searchsorted(EDGES, rate_a)  # NaN: past the last edge
+    pairs = []
+    for k in range(1, len(EDGES)):
+        rows_b, rows_a = np.flatnonzero(k_b == k), np.flatnonzero(k_a == k)
+        if _enough(before, rows_b) and _enough(after, rows_a):
+            pairs.append((rows_b, rows_a, float(min(len(rows_b), len(rows_a)))))
+    if not pairs:
+        return None
+    stats = _stats(before.step)
+    reps = bootstrap.matched_replicates(before, after, pairs, stats)
+    mix = _mix(reps)
+    if mix_differs({k: x for k, x in mix.items() if gate_cache or k != CACHE_MIX}, th):
+        return None
+    w = np.array([x for _, _, x in pairs])
+    d = {}
+    for m in RATE_MATCHED:
+        vb = np.array([_point(before, rb, stats[m]) for rb, _, _ in pairs])
+        va = np.array([_point(after, ra, stats[m]) for _, ra, _ in pairs])
+        have = ~np.isnan(vb) & ~np.isnan(va)
+        if have.any():
+            mb, ma = (float(np.average(v[have], weights=w[have])) for v in (vb, va))
+            d[m] = _delta(mb, ma, *reps[m]) | {"buckets": int(have.sum())}
+    if not d:
+        return None
+    v, worse, better = _read(d, th)
+    if v == "no_change" and undecided(d, th):
+        v = "not_comparable"
+    split = {"method": "matched", "rate_buckets": len(pairs)}
+    split |= {"before_intervals": int(sum(len(rb) for rb, _, _ in pairs))}
+    split |= {"after_intervals": int(sum(len(ra) for _, ra, _ in pairs))}
+    return {"verdict": v, "worse": worse, "better": better, "deltas": d, "offered_load": mix, "split": split}

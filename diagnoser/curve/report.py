@@ -13,6 +13,7 @@ from kvscope.diagnoser.curve.changes import Change, raw_changes
 from kvscope.diagnoser.curve.compare import (
     CACHE_MIX,
     Thresholds,
+    at_matched_rate,
     by_offered_load,
     deltas,
     mix_differs,
@@ -159,8 +160,8 @@ def judge(
         gate = {k: x for k, x in mix.items() if not (k == CACHE_MIX and setting)}
         v, worse, better = verdict(d, th, gate, None if setting else step)
         by_rate = None
-        if v == "not_comparable" and c.kind in SETTINGS and not mix_differs(gate, th):
-            by_rate = by_offered_load(before, after, th, gate_cache=not setting)
+        if v == "not_comparable" and not mix_differs(gate, th) and (setting or not step_moved(step, th)):
+            by_rate = _by_rate(before, after, th, c.kind)
             if by_rate:
                 v, worse, better = by_rate["verdict"], by_rate["worse"], by_rate["better"]
                 d, mix = by_rate["deltas"], by_rate["offered_load"]
@@ -171,6 +172,20 @@ def judge(
         split = by_rate["split"] if by_rate else None
         out.append(JudgedChange(c, v, d, worse, better, matched, mix, reason, step, more, split, *sides))
     return out
+
+
+def _by_rate(before: Intervals, after: Intervals, th: Thresholds, kind: str) -> dict | None:
+    """Where matched concurrency gave no verdict: the comparison at matched arrival rate
+    (compare.at_matched_rate), else, for a setting's change, the curve's order in the rate
+    (compare.by_offered_load). A change of no setting (a restart with the same flags, a replica
+    count, a curve shift) takes only `no_change` from the rate: a regression or improvement there
+    would need the machine's speed held, which the step-time check reads at matched concurrency
+    only."""
+    setting = kind in SETTINGS
+    matched = at_matched_rate(before, after, th, gate_cache=kind != "config")
+    if matched and (matched["verdict"] == "no_change" or (setting and matched["verdict"] != "not_comparable")):
+        return matched
+    return by_offered_load(before, after, th, gate_cache=kind != "config") if setting else None
 
 
 def _reason(v: str, d: dict, mix: dict, step: dict | None, th: Thresholds) -> str | None:
@@ -523,12 +538,16 @@ def change_notes(j: JudgedChange) -> str:
 
 
 def _rate_text(split: dict | None) -> str:
-    """' (at matched arrival rate: ...)' where the verdict came from the load offered, else ''."""
+    """' (judged at the arrival rate: ...)' where the verdict came from the load offered, else ''."""
     if not split:
         return ""
+    said = f"{split['after_intervals']} intervals after against {split['before_intervals']} before"
+    if split.get("method") == "matched":
+        buckets = split["rate_buckets"]
+        return f" (judged at the arrival rate: no concurrency bucket decided; {said} in {buckets} rate buckets)"
     return (
-        f" (judged at the arrival rate: no concurrency bucket decided; {split['after_intervals']} intervals after "
-        f"against {split['before_intervals']} before on either side of {split['arrival_rate_per_s']:g} requests/s)"
+        f" (judged at the arrival rate: no concurrency bucket decided; {said} on either side of "
+        f"{split['arrival_rate_per_s']:g} requests/s)"
     )
 
 

@@ -97,3 +97,21 @@ def test_no_wrong_verdict_at_the_native_scrape(name, cell):
     with the same flags should have changed nothing, and kvscope read the engine): never wrong."""
     c = _cells(name)[cell]
     assert c.outcome != "wrong", c
+
+
+def test_open_loop_below_saturation_is_judged_at_the_arrival_rate():
+    """poisson-day's same-flags restart: 4-16 arrivals a second all sit under 1.5 requests in the
+    engine, so the one concurrency bucket mixes every rate and its throughput's interval reaches
+    past 10 %; matched on the arrival rate (the open loop's input) the change is settled as
+    no_change, as the engine's own TTFT p99 (-0.01 s) says, and the text says how it was judged."""
+    from kvscope.diagnoser.curve.report import changes_text, pool_curves
+    from kvscope.diagnoser.curve.window import read_window
+
+    name = "curve-shape-poisson-day"
+    meta, source = _meta(name), RecordingSource(HERE / f"{name}.om.gz")
+    t0, (before, after) = meta["recorded_at_unix"], meta["phases"][:2]
+    (pc,) = pool_curves(read_window(source, t0 + before["start_s"], t0 + after["end_s"], source.natural_step()))
+    (j,) = [j for j in pc.changes if j.change.kind == "restart"]
+    assert j.verdict == "no_change", (j.verdict, j.reason)
+    assert j.by_arrival_rate and j.by_arrival_rate["method"] == "matched" and j.by_arrival_rate["rate_buckets"] >= 3
+    assert "judged at the arrival rate" in " ".join(changes_text(pc))

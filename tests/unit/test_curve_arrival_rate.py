@@ -13,9 +13,11 @@ import pytest
 
 from kvscope.diagnoser.curve.intervals import ARRIVAL_RATE, arrival_rate, pool_intervals
 from kvscope.diagnoser.curve.report import changes_text, pool_curves, regression_findings
+from kvscope.diagnoser.evaluate.frame import Block, Frame
 from tests.unit.test_curve import STEP, synth
 
 HALF = 24
+TTFT = ("request_ttft_seconds_bucket", "request_ttft_seconds_count")
 
 
 def test_the_arrival_rate_is_what_finished_plus_what_stayed():
@@ -55,10 +57,9 @@ def test_a_setting_that_holds_more_requests_at_the_same_rate_is_judged_there():
     (j,) = pc.changes
     assert j.change.kind == "config" and j.matched_concurrency == []
     assert j.verdict == "regression" and j.worse == ["ttft_p99_s"], (j.verdict, j.reason)
-    assert j.by_arrival_rate and j.by_arrival_rate["arrival_rate_per_s"] == pytest.approx(
-        40 / STEP, rel=0.5
-    )  # the bucket edge the sides were split at
+    assert j.by_arrival_rate and j.by_arrival_rate["method"] == "matched" and j.by_arrival_rate["rate_buckets"] == 1
     assert j.by_arrival_rate["after_intervals"] >= 5 and j.by_arrival_rate["before_intervals"] >= 5
+    assert set(j.deltas) == {"ttft_p99_s", "output_tokens_per_s"}  # not ITL at a matched rate
     assert j.deltas["ttft_p99_s"]["interval"][0] > 0.1
     assert "judged at the arrival rate" in changes_text(pc)[0]
     assert regression_findings([pc], (0.0, 1.0), STEP)
@@ -87,3 +88,20 @@ def test_an_engine_without_a_finished_counter_has_no_arrival_rate():
     assert np.isnan(iv.gauges[ARRIVAL_RATE]).all()
     (pc,) = pool_curves(frame, settle_s=0.0)
     assert all(j.by_arrival_rate is None for j in pc.changes)
+
+
+def test_the_curves_order_judges_a_setting_where_no_rate_matches():
+    """The after side slower at a lower arrival rate (30 requests an interval against 40, 2.0 against
+    2.7 a second, the same tokens per request): no rate bucket in common, and TTFT's order in the
+    load says the after side, slower at less load, is slower at the same load."""
+    before = _open_loop("config")
+    after = synth([4.0] * HALF + [14.0] * HALF, tail=lambda c, i: 5 if c > 10 else 1, tokens=lambda c: 30.0, n=30)
+    blocks = dict(before.blocks)  # the after side's counters from HALF on (they start again there: a reset)
+    for name in ("engine_requests_finished_total", "engine_generation_tokens_total", *TTFT):
+        lo, hi = before.blocks[name].values, after.blocks[name].values
+        blocks[name] = Block(before.blocks[name].labels, np.concatenate([lo[:, :HALF], hi[:, HALF:]], axis=1))
+    frame = Frame(ts=before.ts, blocks=blocks)
+    (pc,) = pool_curves(frame, settle_s=0.0)
+    (j,) = pc.changes
+    assert j.verdict == "regression" and j.by_arrival_rate, (j.verdict, j.reason)
+    assert j.by_arrival_rate["method"] == "ordered" and j.by_arrival_rate["arrival_rate_per_s"] == 2.5
