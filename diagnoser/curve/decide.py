@@ -101,12 +101,12 @@ def more_to_settle(d: dict, th: Thresholds, before: list[Point], after: list[Poi
         b = b_by.get(a.bucket)
         if a.sparse or b is None:
             continue
-        sides = {}
+        sides, seconds = {}, 0.0
         for name, p in (("before", b), ("after", a)):
             n = math.ceil(p.intervals * (factor - 1.0))
             sides[name] = {"intervals": p.intervals, "requests": p.requests}
             sides[name] |= {"more_intervals": n, "more_seconds": n * step}
-        seconds = sides["before"]["more_seconds"] + sides["after"]["more_seconds"]
+            seconds += n * step
         conc = round((a.concurrency + b.concurrency) / 2, 3)
         out.append((seconds, {"bucket": list(a.bucket), "concurrency": conc} | sides))
     return [x for _, x in sorted(out, key=lambda t: t[0])][:SHOWN]
