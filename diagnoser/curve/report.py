@@ -32,11 +32,12 @@ from kvscope.diagnoser.sources.window import Source
 
 RULE_ID = "regression_after_change"
 SETTINGS = ("config", "version")
-"""The change kinds judged by the load offered too (compare.by_offered_load) where no concurrency
-bucket decides: a setting or a version changed, so the engine may hold a different number of
-requests at the same arrival rate. Not a restart with the same flags, a replica count or a shift
-with no event: there nothing the engine runs changed, and a verdict would need the machine's speed
-held (the step-time check), which the rate's order does not check."""
+"""The change kinds that take a regression or an improvement from the arrival rate (`_by_rate`)
+where no concurrency bucket decides: a setting or a version changed, so the engine may hold a
+different number of requests at the same rate. Not a restart with the same flags, a replica count
+or a shift with no event: nothing the engine runs changed, and such a verdict would need the
+machine's speed held (the step-time check at matched concurrency), which the rate does not read;
+those take only `no_change` from it."""
 UNDECIDED = "undecided"
 """The reason's first word where the matched buckets' intervals straddle a threshold."""
 SETTLE_S = 30.0
@@ -82,9 +83,10 @@ class JudgedChange:
     """Where no bucket matched: per bucket either side reached, the intervals and seconds of traffic
     at that load each side still needs to make it comparable (decide.more_traffic); else None."""
     by_arrival_rate: dict | None = None
-    """Where the verdict came from the curve's order in the load offered (compare.by_offered_load),
-    not from matched concurrency: the arrival rate that split the sides and the intervals of each
-    compared ({arrival_rate_per_s, before_intervals, after_intervals}); else None."""
+    """Where the verdict came from the arrival rate, not from matched concurrency (`_by_rate`): how
+    ({method: matched, rate_buckets, ...}: compare.at_matched_rate; {method: ordered,
+    arrival_rate_per_s, pairs, level, ...}: compare.by_offered_load) and the intervals of each side
+    compared; else None."""
     before: list[Point] = field(default_factory=list, repr=False)
     """The curve before the change and after it, as compared (the UI overlays them); not in the JSON."""
     after: list[Point] = field(default_factory=list, repr=False)
