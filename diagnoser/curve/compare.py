@@ -317,22 +317,22 @@ def _point(iv: Intervals, rows: np.ndarray, stat: bootstrap.Stat) -> float:
 
 
 def by_offered_load(before: Intervals, after: Intervals, th: Thresholds, gate_cache: bool = True) -> dict | None:
-    """A verdict where the sides share no concurrency bucket that decides, from the order of the
-    curve in the load offered (ORDERED): the after side slower at an arrival rate below the before
-    side's (a `regression`), or faster at one above it (an `improvement`). Per arrival-rate bucket
-    of the after side, its intervals against the before side's at or above the bucket's upper edge
-    (or at or below its lower edge: `_rate_pairs`): if latency does not fall with the load offered
-    on either side, the merged histogram of the intervals below an edge is no slower than the side
-    at the edge, and that of the intervals above it no faster, so the pair's difference bounds the
-    change at that edge. A pair whose whole interval clears the thresholds is the verdict; with K
-    pairs tried (both claims), each interval is read at the level 1 - 0.05 / K (Bonferroni: the
-    chance that any of them clears by noise stays under 5 %). The open loop's input is the arrival
-    rate (a slower engine holds more requests at the same rate, so concurrency alone cannot match
-    it); in a closed loop it is what the streams drew. The token mix must match on the intervals
-    compared (the computed prefill only where `gate_cache`). None where no pair clears, or a
-    metric clears both ways (the order does not hold: the load moved in a way the rate does not
-    show); else {verdict, worse, better, deltas (the pair that cleared furthest), offered_load:
-    its mix, split: {arrival_rate_per_s: the edge, before_intervals, after_intervals, pairs}}."""
+    """A verdict for a setting's change where neither matched concurrency nor matched arrival rate
+    decided, from the order of the curve in the load offered (ORDERED): the after side slower at
+    an arrival rate at or below the before side's (a `regression`), or faster at one at or above it
+    (an `improvement`). Per arrival-rate bucket of the after side, its intervals against the before
+    side's in that bucket or above it (or in it or below it: `_rate_pairs`): if latency does not
+    fall with the load offered on either side, the merged histogram of the intervals below an edge
+    is no slower than the side at the edge, and that of the intervals above it no faster, so the
+    pair's difference bounds the change at the edge (within one bucket the rates are taken as
+    matched, as concurrency is). A pair whose whole interval clears the thresholds is the verdict;
+    with K pairs tried (both claims), each interval is read at the level 1 - 0.05 / K (Bonferroni:
+    the chance that any of them clears by noise stays under 5 %). The token mix must match on the
+    intervals compared (the computed prefill only where `gate_cache`). None where no pair clears,
+    or a metric clears both ways (the order does not hold: the load moved in a way the rate does
+    not show); else {verdict, worse, better, deltas (the pair that cleared furthest), offered_load:
+    its mix, split: {method: ordered, arrival_rate_per_s: the after bucket's edge, before_intervals,
+    after_intervals, pairs, level}}."""
     rate_b, rate_a = before.gauges.get(ARRIVAL_RATE), after.gauges.get(ARRIVAL_RATE)
     if rate_b is None or rate_a is None:
         return None
