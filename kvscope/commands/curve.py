@@ -33,22 +33,25 @@ Law gap, and the headroom of the window's peak. Method: docs/curve.md ("Sizing L
 Production", §8.1-8.5).
 
 What changed: config changes (the engines' info series: vLLM cache_config_info's KV capacity),
-restarts (counter resets) and replica-count changes split the window; each change's curve before
-is compared with the curve after over the concurrency buckets both sides measured: regression,
-improvement, no_change (the data excludes a move beyond the thresholds), or not_comparable where
-the load does not overlap or the data cannot decide.
+restarts (counter resets, or a new process start time) and replica-count changes split the window;
+each change's curve before is compared with the curve after over the concurrency buckets both sides
+measured, else over the arrival rates both sides saw (requests that finished plus the change of
+those in the engine): regression, improvement, no_change (the data excludes a move beyond the
+thresholds), or not_comparable where the load does not overlap or the data cannot decide, with how
+much more traffic at which load would decide it.
 
 Sources (pick one), as for `kvscope diagnose`:
   --recording FILE.om[.gz]   --log FILE   --prometheus URL --since 1h   --agent URL --since 30m
 
 Examples:
   kvscope curve --recording tests/recordings/curve-vllm-staircase.om.gz
-  kvscope curve --prometheus http://127.0.0.1:9090 --since 6h --slo-ttft-p99 2 --json | jq '.pools[].c_max'
+  kvscope curve --prometheus http://127.0.0.1:9090 --since 6h --slo-ttft 2s --json | jq '.pools[].c_max'
   kvscope curve --prometheus http://127.0.0.1:9090 --since 7d --recorded   # from kvscope-curve.yml's records
 
 A week of a large fleet read in full is minutes and gigabytes; with kvscope-curve.yml (kvscope
 rules build) loaded into the TSDB, --recorded reads each pool's points from its records in seconds,
-at the rules' interval, without judging changes (docs/curve.md, "From recording rules").
+at the rules' interval, and judges the changes from the same rows (docs/curve.md, "From recording
+rules").
 
 {log_help}
 Exit status: 0 printed, 3 bad usage, 4 the source could not be read or holds no concurrency signal.
