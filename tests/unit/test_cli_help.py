@@ -86,3 +86,24 @@ def test_a_named_command_imports_no_other_command():
     code += "print(sorted(m for m in sys.modules if m.startswith('kvscope.commands.') and '._' not in m))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['kvscope.commands.diagnose']"
+
+
+EXAMPLE_LINE = re.compile(r"^\s+(?:[A-Z_]+=\S+\s+)*(kvscope \S.*)$", re.MULTILINE)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_example_parses(name, capsys):
+    """An example a user copies must be accepted by the parser (flags that exist, values of their
+    type): `curve`'s once showed --slo-ttft-p99, which no command takes. Only the command line up to
+    a pipe or a comment is parsed; nothing runs."""
+    import shlex
+
+    text = re.sub(r"\\\n\s*", " ", COMMANDS[name].format_help())  # continued lines joined
+    for line in EXAMPLE_LINE.findall(text):
+        argv = shlex.split(re.split(r" \| | #", line)[0])[1:]
+        if "--help" in argv or "-h" in argv:
+            continue
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit as exc:
+            pytest.fail(f"{name}: the example `{line}` does not parse: {capsys.readouterr().err.strip()} ({exc})")
