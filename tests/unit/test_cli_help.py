@@ -94,8 +94,7 @@ EXAMPLE_LINE = re.compile(r"^\s+(?:[A-Z_]+=\S+\s+)*(kvscope \S.*)$", re.MULTILIN
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_example_parses(name, capsys):
     """An example a user copies must be accepted by the parser (flags that exist, values of their
-    type): `curve`'s once showed --slo-ttft-p99, which no command takes. Only the command line up to
-    a pipe or a comment is parsed; nothing runs."""
+    type). Only the command line up to a pipe or a comment is parsed; nothing runs."""
     import shlex
 
     text = re.sub(r"\\\n\s*", " ", COMMANDS[name].format_help())  # continued lines joined
