@@ -316,6 +316,27 @@ def _point(iv: Intervals, rows: np.ndarray, stat: bootstrap.Stat) -> float:
     return float(stat(iv.take(np.isin(np.arange(len(iv)), rows)), np.ones((1, len(rows))))[0])
 
 
+def _rows_deltas(
+    before: Intervals,
+    after: Intervals,
+    pairs: list[tuple[np.ndarray, np.ndarray, float]],
+    metrics: tuple[str, ...],
+    reps: dict[str, tuple[np.ndarray, np.ndarray]],
+    level: float = bootstrap.LEVEL,
+) -> dict:
+    """Per metric, `_delta` of the pairs' (before rows, after rows, weight) point estimates averaged
+    by weight, with the replicates' `level` intervals; metrics read on no pair are left out."""
+    stats, w, d = _stats(before.step), np.array([x for _, _, x in pairs]), {}
+    for m in metrics:
+        vb = np.array([_point(before, rb, stats[m]) for rb, _, _ in pairs])
+        va = np.array([_point(after, ra, stats[m]) for _, ra, _ in pairs])
+        have = ~np.isnan(vb) & ~np.isnan(va)
+        if have.any():
+            mb, ma = (float(np.average(v[have], weights=w[have])) for v in (vb, va))
+            d[m] = _delta(mb, ma, *reps[m], level) | {"buckets": int(have.sum())}
+    return d
+
+
 def by_offered_load(before: Intervals, after: Intervals, th: Thresholds, gate_cache: bool = True) -> dict | None:
     """A verdict for a setting's change where neither matched concurrency nor matched arrival rate
     decided, from the order of the curve in the load offered (ORDERED): the after side slower at
@@ -347,11 +368,7 @@ def by_offered_load(before: Intervals, after: Intervals, th: Thresholds, gate_ca
             mix = _mix(reps)
             if mix_differs({k: x for k, x in mix.items() if gate_cache or k != CACHE_MIX}, th):
                 continue
-            d = {}
-            for m in ORDERED:
-                mb, ma = _point(before, rows_b, stats[m]), _point(after, rows_a, stats[m])
-                if not np.isnan(mb) and not np.isnan(ma):
-                    d[m] = _delta(mb, ma, *reps[m], level) | {"buckets": 1}
+            d = _rows_deltas(before, after, [(rows_b, rows_a, 1.0)], ORDERED, reps, level)
             named = [m for m, x in d.items() if _beyond(x, sign, getattr(th, m), th.relative)]
             if not named:
                 continue
@@ -406,15 +423,7 @@ def at_matched_rate(before: Intervals, after: Intervals, th: Thresholds, gate_ca
     mix = _mix(reps)
     if mix_differs({k: x for k, x in mix.items() if gate_cache or k != CACHE_MIX}, th):
         return None
-    w = np.array([x for _, _, x in pairs])
-    d = {}
-    for m in RATE_MATCHED:
-        vb = np.array([_point(before, rb, stats[m]) for rb, _, _ in pairs])
-        va = np.array([_point(after, ra, stats[m]) for _, ra, _ in pairs])
-        have = ~np.isnan(vb) & ~np.isnan(va)
-        if have.any():
-            mb, ma = (float(np.average(v[have], weights=w[have])) for v in (vb, va))
-            d[m] = _delta(mb, ma, *reps[m]) | {"buckets": int(have.sum())}
+    d = _rows_deltas(before, after, pairs, RATE_MATCHED, reps)
     if not d:
         return None
     v, worse, better = _read(d, th)
