@@ -200,6 +200,12 @@ def _beyond(d: dict, sign: int, abs_min: float, rel_min: float) -> bool:
     return edge > abs_min and rel_edge > rel_min
 
 
+def gated(mix: dict, cache: bool) -> dict:
+    """The mix measures that gate a verdict: all of them, less the computed prefill where a setting
+    changed (`cache` False: CACHE_MIX says why)."""
+    return {name: x for name, x in mix.items() if cache or name != CACHE_MIX}
+
+
 def mix_differs(mix: dict, th: Thresholds) -> list[str]:
     """The token-mix measures on which the two sides differ by more than the relative threshold
     over the whole of the difference's bootstrap interval (the test a verdict passes, the other way
@@ -366,7 +372,7 @@ def by_offered_load(before: Intervals, after: Intervals, th: Thresholds, gate_ca
         for rows_b, rows_a in pairs:
             reps = bootstrap.matched_replicates(before, after, [(rows_b, rows_a, 1.0)], stats)
             mix = _mix(reps)
-            if mix_differs({k: x for k, x in mix.items() if gate_cache or k != CACHE_MIX}, th):
+            if mix_differs(gated(mix, gate_cache), th):
                 continue
             d = _rows_deltas(before, after, [(rows_b, rows_a, 1.0)], ORDERED, reps, level)
             named = [m for m, x in d.items() if _beyond(x, sign, getattr(th, m), th.relative)]
@@ -421,7 +427,7 @@ def at_matched_rate(before: Intervals, after: Intervals, th: Thresholds, gate_ca
     stats = _stats(before.step)
     reps = bootstrap.matched_replicates(before, after, pairs, stats)
     mix = _mix(reps)
-    if mix_differs({k: x for k, x in mix.items() if gate_cache or k != CACHE_MIX}, th):
+    if mix_differs(gated(mix, gate_cache), th):
         return None
     d = _rows_deltas(before, after, pairs, RATE_MATCHED, reps)
     if not d:

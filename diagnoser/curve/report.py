@@ -11,11 +11,11 @@ import numpy as np
 from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.curve.changes import Change, raw_changes
 from kvscope.diagnoser.curve.compare import (
-    CACHE_MIX,
     Thresholds,
     at_matched_rate,
     by_offered_load,
     deltas,
+    gated,
     mix_differs,
     step_moved,
     undecided,
@@ -159,7 +159,7 @@ def judge(
         # where a setting changed, the prefix cache's hits and the step at the same batch are part of
         # what it did (a KV cut evicts the cache and slows the steps): neither gates the verdict
         setting = c.kind == "config"
-        gate = {k: x for k, x in mix.items() if not (k == CACHE_MIX and setting)}
+        gate = gated(mix, cache=not setting)
         v, worse, better = verdict(d, th, gate, None if setting else step)
         by_rate = None
         if v == "not_comparable" and not mix_differs(gate, th) and (setting or not step_moved(step, th)):
