@@ -17,8 +17,9 @@
   between them: roomy -> roomy (same flags: a restart alone) -> tiny KV (a regression) -> roomy (an
   improvement); the first phase alone is the no-restart control. Every phase replays the same
   shape (the same seeds): staircases of 10, 20 and 60 s dwell, a smooth ramp up and down, open-loop
-  Poisson arrivals with bursts, and a ramp the restarts land in the middle of (each side sees part
-  of it, with some levels on both). Per phase and per segment the truths `level()` computes, plus
+  Poisson arrivals with bursts, a ramp the restarts land in the middle of (each side sees part
+  of it, with some levels on both), and two with long sides (an open-loop day, 7 minutes a phase;
+  stairs of 90 s dwell, 12 minutes a phase). Per phase and per segment the truths `level()` computes, plus
   the host's CPU busy share polled once a second (a noisy neighbour shows there).
 
 The expected verdicts are written into each YAML from the scenario below, before kvscope ever
@@ -123,6 +124,10 @@ SHAPES: dict[str, tuple[str, tuple[tuple[Seg, ...], ...]]] = {  # name: (summary
         "open-loop Poisson arrivals whose rate rises 4 -> 16 -> 4 per second in 30 s steps, twice per phase "
         "(7 minutes)",
         (_day(),) * 4,
+    ),
+    "curve-shape-stairs-long": (  # long sides: 12 minutes each, 24-48 intervals at 15-30 s scrapes
+        "closed-loop stairs 1, 4, 16, 4 streams, 90 s each, twice per phase (12 minutes)",
+        (_stairs((1, 4, 16, 4) * 2, 90),) * 4,
     ),
     "curve-shape-mid-ramp": (
         "one closed-loop ramp 1 -> 16 -> 1 streams (10 s steps) that the restarts cut in the middle: "
