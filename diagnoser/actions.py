@@ -57,10 +57,14 @@ def change_text(c: EngineChange, code: str = "") -> str:
     return f"{where_text(c)}: {code}{c.change}{code}{note}"
 
 
+def direction_text(lv: LeverAdvice) -> str:
+    """' (decrease)': the direction a lever is pulled in, after its title; '' for set and review."""
+    return "" if lv.direction in ("set", "review", "") else f" ({lv.direction})"
+
+
 def lever_heading(lv: LeverAdvice) -> str:
     """'Concurrency limit per engine (decrease): needs an engine restart; lower throughput per GPU'."""
-    direction = "" if lv.direction in ("set", "review", "") else f" ({lv.direction})"
-    return f"{lv.title or lv.id}{direction}: {'; '.join(lv.cost_tags())}"
+    return f"{lv.title or lv.id}{direction_text(lv)}: {'; '.join(lv.cost_tags())}"
 
 
 def lever_dict(lv: LeverAdvice) -> dict[str, Any]:

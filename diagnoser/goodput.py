@@ -20,8 +20,7 @@ import numpy as np
 
 from kvscope.core.goodput import Attainment, Goodput, attainment, frechet
 from kvscope.core.objectives import HISTOGRAMS, Objectives, ObjectiveSet
-from kvscope.core.rates import step_increases
-from kvscope.diagnoser.evaluate.frame import Frame
+from kvscope.diagnoser.evaluate.frame import Frame, increases
 
 TOKENS = "engine_generation_tokens_total"
 GPU_JOIN = "engine_gpu_memory_used_bytes"  # the engine-GPU join: one series per (instance, gpu_uuid)
@@ -116,18 +115,6 @@ def _times(g: Goodput, rate: float | None) -> tuple[float | None, float | None]:
     return (None if g.lower is None else g.lower * rate), (None if g.upper is None else g.upper * rate)
 
 
-def _increase(frame: Frame, name: str, cols: np.ndarray) -> list[tuple[dict[str, str], float]]:
-    """(labels, increase over the grid points `cols`) of each series of `name` (reset-aware; NaN
-    gaps skipped)."""
-    block = frame.block(name)
-    if block is None or int(cols.sum()) < 2:
-        return []
-    values = block.values[:, cols]
-    inc = np.nansum(step_increases(values), axis=1)
-    seen = ~np.isnan(values).all(axis=1)
-    return [(dict(labels), float(v)) for labels, v, ok in zip(block.labels, inc, seen, strict=True) if ok]
-
-
 def _per_pool(rows: Iterable[tuple[dict[str, str], float]]) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     for labels, v in rows:
@@ -138,7 +125,7 @@ def _per_pool(rows: Iterable[tuple[dict[str, str], float]]) -> dict[str, float]:
 def _attainments(frame: Frame, kind: str, objectives: ObjectiveSet, cols: np.ndarray) -> dict[str, Attainment]:
     """Pool -> requests within its bound of `kind`, summed over its engines' histograms."""
     buckets: dict[tuple[str, str], dict[float, float]] = defaultdict(lambda: defaultdict(float))
-    for labels, v in _increase(frame, f"{HISTOGRAMS[kind]}_bucket", cols):
+    for labels, v in increases(frame, f"{HISTOGRAMS[kind]}_bucket", cols):
         try:
             le = float(labels.get("le", "nan"))
         except ValueError:
@@ -162,11 +149,13 @@ def pool_goodput(
     that counted requests on any objective's histogram (or on the tap's exact counters), by pool."""
     objectives = objectives or ObjectiveSet()
     cols = np.ones(len(frame.ts), dtype=bool) if window is None else (frame.ts >= window[0]) & (frame.ts <= window[1])
+    if int(cols.sum()) < 2:
+        return []  # no increase without two grid points
     ts = frame.ts[cols]
     span = float(ts[-1] - ts[0]) if len(ts) > 1 else 0.0
     per_kind = {kind: _attainments(frame, kind, objectives, cols) for kind in HISTOGRAMS}
-    exact = {k: _per_pool(_increase(frame, k, cols)) for k in (EXACT_REQUESTS, EXACT_GOOD, EXACT_GOOD_TOKENS)}
-    tokens = _per_pool(_increase(frame, TOKENS, cols))
+    exact = {k: _per_pool(increases(frame, k, cols)) for k in (EXACT_REQUESTS, EXACT_GOOD, EXACT_GOOD_TOKENS)}
+    tokens = _per_pool(increases(frame, TOKENS, cols))
     engines: dict[str, set[str]] = defaultdict(set)
     for kind in HISTOGRAMS.values():
         hist = frame.block(f"{kind}_bucket")

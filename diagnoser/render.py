@@ -20,7 +20,7 @@ from kvscope.diagnoser.findings import (
     count,
     not_evaluable,
 )
-from kvscope.diagnoser.rulebook.rule import Rule
+from kvscope.diagnoser.rulebook.rule import Rule, grid_steps
 from kvscope.diagnoser.rulebook.tree import Baseline, Tree
 from kvscope.diagnoser.values import fmt_value
 
@@ -151,7 +151,7 @@ def _baseline_window(rng: float, off: float, held: float, onset: float, last: fl
 
 
 def _grid_seconds(seconds: float, step: float, least: int) -> float:
-    return max(least, int(round(seconds / step))) * step if step else seconds
+    return grid_steps(seconds, step, least) * step if step else seconds
 
 
 _ENGINES = ("vllm", "sglang", "dcgm", "nvml")

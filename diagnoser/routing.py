@@ -13,10 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
-
-from kvscope.diagnoser.evaluate.frame import Frame
-from kvscope.diagnoser.evaluate.grid import ffill
+from kvscope.diagnoser.evaluate.frame import Frame, increases
 
 KEPT = ("ring_hit", "target_worker_hit", "routing_key_hit", "tree_match")
 GAVE_AWAY = ("load_balance_walk", "spill", "target_worker_miss")
@@ -35,26 +32,13 @@ SIGNALS = (
 """Every canonical series read here (a live source must fetch them)."""
 
 
-def _increases(frame: Frame, name: str) -> list[tuple[dict[str, str], float]]:
-    """(labels, increase over the window) per series of `name` with at least one value."""
-    block = frame.block(name)
-    if block is None:
-        return []
-    filled = ffill(block.values)
-    d = np.diff(filled, axis=1)
-    d = np.where(d < 0, filled[:, 1:], d)  # a drop is a reset: the value after it is the increase
-    total = np.nansum(d, axis=1)
-    seen = ~np.isnan(block.values).all(axis=1)
-    return [(dict(lbl), float(total[i])) for i, lbl in enumerate(block.labels) if seen[i]]
-
-
 def router_decisions(frame: Frame) -> list[dict[str, Any]]:
     """One dict per router instance that exports any decision series: instance, job, and only
     the keys its series give (decisions, branches, kept, gave_away, kept_share, load_only,
     prefix_tokens_kept_share)."""
     out: dict[str, dict[str, Any]] = defaultdict(dict)
     for name in SIGNALS:
-        for labels, n in _increases(frame, name):
+        for labels, n in increases(frame, name, carry=True):
             row = out[labels.get("instance", "")]
             row.setdefault("job", labels.get("job", ""))
             _count(row, name, labels, n)

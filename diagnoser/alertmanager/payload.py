@@ -21,7 +21,7 @@ from kvscope.core.jsonbody import loads_bounded
 from kvscope.core.scalars import parse_timestamp
 from kvscope.diagnoser.actions import actions_dict
 from kvscope.diagnoser.curve.report import FINDING_KINDS as ENGINE_CHANGE_KINDS
-from kvscope.diagnoser.findings import Diagnosis, LeverAdvice, confidence_words, count, nothing_evaluable
+from kvscope.diagnoser.findings import Diagnosis, LeverAdvice, confidence_words, count, nothing_evaluable, same_place
 
 MAX_ALERTS = 50
 """Alerts diagnosed per webhook; the rest are stored marked `truncated` (Alertmanager groups
@@ -135,12 +135,6 @@ def diagnosis_window(alert: Alert, now: float, before_s: float, max_s: float) ->
     return start, max(end, start + 1.0)
 
 
-def at_place(where: dict[str, str], place: dict[str, str]) -> bool:
-    """A finding located by `where` concerns the alert at `place`: every label both carry
-    agrees (a fleet-wide finding, `where == {}`, concerns every alert)."""
-    return all(place[k] == v for k, v in where.items() if k in place)
-
-
 def instance_places(label_sets: list[dict[str, str]]) -> dict[str, dict[str, str]]:
     """instance -> the place labels every series of that instance agrees on (e.g. its model),
     from the label sets of a window's series."""
@@ -170,7 +164,7 @@ def select_findings(
     only its instance, so a per-model finding of another model is not attached to it."""
     ranked = [diagnosis.get("likely_cause"), *diagnosis.get("competing", []), *diagnosis.get("other", [])]
     place = full_place(alert, places)
-    here = [f for f in ranked if f and at_place(f.get("where", {}), place)]
+    here = [f for f in ranked if f and same_place(f.get("where", {}), place)]  # a fleet-wide one: every alert's
     rule_id = alert.labels.get("rule_id")
     matched = next((f for f in here if rule_id and f.get("rule_id") == rule_id), None)
     changes = changes_at_place(diagnosis.get("changes", []), place, alert.starts_at)

@@ -36,7 +36,7 @@ from kvscope.diagnoser.findings import (
 )
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.grammar import ExprError
-from kvscope.diagnoser.rulebook.levers import Lever, load_levers
+from kvscope.diagnoser.rulebook.levers import Lever, load_levers, rule_levers
 from kvscope.diagnoser.rulebook.rule import Rule, parse_duration, read_rules
 from kvscope.diagnoser.values import fill_summary
 
@@ -371,7 +371,7 @@ def _finding(
         score=round(100 * SEVERITY_RANK[severity] + 10 * spec + _strength(done, gi, span), 3),
         summary=_summary(rule, evidence),
         evidence=tuple(evidence),
-        levers=tuple(_levers(rule, levers)),
+        levers=tuple(rule_levers(meta.get("levers") or [], levers)),
         citations=tuple(c.text for c in sources),
         sources=sources,
         cascade=cascade,
@@ -453,13 +453,6 @@ def _summary(rule: Rule, evidence: list[Evidence]) -> str:
     template = str(rule.tree.meta.get("summary", rule.title))
     filled = fill_summary(template, [item.series for item in rule.tree.evidence], evidence)
     return rule.title if filled is None else filled
-
-
-def _levers(rule: Rule, levers: dict[str, Lever]) -> list[Any]:
-    refs = enumerate(rule.tree.meta.get("levers") or [], start=1)
-    return [
-        levers[str(r["id"])].advice(i, str(r.get("direction", "review"))) for i, r in refs if str(r["id"]) in levers
-    ]
 
 
 # ---------------------------------------------------------------------------- cascades

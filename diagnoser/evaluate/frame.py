@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvscope.core.rates import step_increases
 from kvscope.core.scalars import iso_utc
 from kvscope.core.signals import Labels, Sample
+from kvscope.diagnoser.evaluate.grid import ffill
 
 DEFAULT_LOOKBACK_S = 300.0
 
@@ -95,6 +97,21 @@ class Frame:
 
     def block(self, name: str) -> Block | None:
         return self.blocks.get(name)
+
+
+def increases(
+    frame: Frame, name: str, cols: np.ndarray | None = None, carry: bool = False
+) -> list[tuple[dict[str, str], float]]:
+    """(labels, reset-aware increase over the grid points `cols`, None: all) of each series of
+    `name` with a value there. A gap counts nothing into or out of it, or with `carry` is
+    bridged from the value before it (a series first seen inside counts from its first value)."""
+    block = frame.block(name)
+    if block is None:
+        return []
+    values = block.values if cols is None else block.values[:, cols]
+    inc = np.nansum(step_increases(ffill(values) if carry else values), axis=1)
+    seen = ~np.isnan(values).all(axis=1)
+    return [(dict(labels), float(v)) for labels, v, ok in zip(block.labels, inc, seen, strict=True) if ok]
 
 
 MAX_GRID_POINTS = 1_000_000

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.core.signals import KVSCOPE_PREFIX, Catalog, load_catalog
+from kvscope.diagnoser.actions import direction_text
 from kvscope.diagnoser.citations import cite_text
 from kvscope.diagnoser.findings import SEVERITY_RANK
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, prom_duration
 from kvscope.diagnoser.promql.signals import PromQL, name_selector, prom_number, quote
 from kvscope.diagnoser.rulebook import tree
-from kvscope.diagnoser.rulebook.levers import load_levers
+from kvscope.diagnoser.rulebook.levers import load_levers, rule_levers
 from kvscope.diagnoser.rulebook.rule import Rule
 
 
@@ -212,15 +213,8 @@ def levers_text(named: list[Any]) -> str:
     section of docs/levers.md (per-engine settings, costs, sources): 'Concurrency limit per engine
     (decrease): docs/levers.md#vllmmax_num_seqs; ...'. A lever id levers.yaml lacks is skipped
     (`kvscope rules validate` refuses it)."""
-    levers = load_levers()
-    out = []
-    for ref in named:
-        if not isinstance(ref, dict) or (lever := levers.get(str(ref.get("id")))) is None:
-            continue
-        direction = str(ref.get("direction", ""))
-        shown = "" if direction in ("set", "review", "") else f" ({direction})"
-        out.append(f"{lever.title}{shown}: docs/levers.md#{lever.id.replace('.', '')}")
-    return "; ".join(out)
+    advice = rule_levers(named, load_levers())
+    return "; ".join(f"{lv.title}{direction_text(lv)}: docs/levers.md#{lv.id.replace('.', '')}" for lv in advice)
 
 
 def compile_rules(rules: list[Rule]) -> tuple[list[dict[str, Any]], list[PythonOnly]]:

@@ -25,7 +25,7 @@ from kvscope.core.objectives import HISTOGRAMS, Objectives, ObjectiveSet
 from kvscope.core.scalars import parse_duration
 from kvscope.diagnoser.promql import compose
 from kvscope.diagnoser.promql.ranges import range_text
-from kvscope.diagnoser.promql.signals import le_regex
+from kvscope.diagnoser.promql.signals import le_regex, quote
 from kvscope.diagnoser.promql.tenantslo import split_ratio, top_record
 
 REQUESTS = "kvscope:goodput_requests_total"
@@ -57,17 +57,13 @@ def _matchers(
     label: str, overrides: tuple[tuple[str, Objectives], ...], default: Objectives
 ) -> list[tuple[str, Objectives]]:
     """(matcher, objectives) per pool or tenant with its own objectives, then the default for the rest."""
-    out = [(f'{label}="{_escape(name)}"', obj) for name, obj in overrides]
-    named = "|".join(_escape(re.escape(name)) for name, _ in overrides)
+    out = [(f'{label}="{quote(name)}"', obj) for name, obj in overrides]
+    named = "|".join(quote(re.escape(name)) for name, _ in overrides)
     return [*out, (f'{label}!~"{named}"' if named else "", default)]
 
 
 def _pools(objectives: ObjectiveSet) -> list[tuple[str, Objectives]]:
     return _matchers(POOL_BY, objectives.pools, objectives.default)
-
-
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _sel(*matchers: str) -> str:

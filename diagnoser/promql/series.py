@@ -21,7 +21,7 @@ from kvscope.diagnoser.promql.signals import (
     prom_number,
 )
 from kvscope.diagnoser.rulebook import tree
-from kvscope.diagnoser.rulebook.rule import Rule, parse_duration, rate_steps
+from kvscope.diagnoser.rulebook.rule import Rule, grid_steps, parse_duration, rate_steps
 
 SUBQUERY_STEP = "15s"
 """Resolution of `[range:step]` subqueries: the engine's default grid step (docs/rules.md)."""
@@ -128,7 +128,7 @@ class SeriesCompiler:
         """A rule duration as PromQL: as written, or (with a step) scaled and in whole steps."""
         seconds *= self.rule.time_scale
         if self.step:
-            seconds = max(least, int(round(seconds / self.step))) * self.step
+            seconds = grid_steps(seconds, self.step, least) * self.step
         return prom_duration(seconds)
 
     def _join(self, a: str, b: str) -> str:

@@ -153,7 +153,7 @@ def read_candidates(
 def place_matchers(place: Mapping[str, str] | None) -> str:
     """`,label=~"value|"` per label of `place`: the series that carry the place's value or do not
     carry the label at all (a record grouped by fewer labels, e.g. per model, and the records' own
-    `{version}` series), the groups `alertmanager.payload.at_place` keeps for the place. Label
+    `{version}` series), the groups at the place (`findings.same_place`) the webhook keeps. Label
     names must be identifiers (the webhook's place labels are)."""
     return "".join(f',{k}=~"{quote(escape_re(v))}|"' for k, v in sorted((place or {}).items()))
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from kvscope.core.signals import Catalog
 from kvscope.diagnoser.promql.alerts import ConditionCompiler, on_clause
 from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler, prom_duration
-from kvscope.diagnoser.promql.signals import PromQL, SignalReader, wire_names
+from kvscope.diagnoser.promql.signals import PromQL, SignalReader, quote, wire_names
 from kvscope.diagnoser.rulebook import tree
-from kvscope.diagnoser.rulebook.rule import Rule, rate_steps
+from kvscope.diagnoser.rulebook.rule import Rule, grid_steps, rate_steps
 
 SLACK = 0.25
 """Share by which each prefilter comparison is loosened."""
@@ -133,8 +133,7 @@ def fact_selectors(rule: Rule, catalog: Catalog, exported: bool = False) -> tupl
         if test.op != "==" or static or not info or not _LABEL.fullmatch(name):
             left.append(f"fact {name}: checked by the evaluator")
             continue
-        value = re.escape(test.value).replace("\\", "\\\\").replace('"', '\\"')
-        cond = '!=""' if exported else f'=~"(?i){value}"'
+        cond = '!=""' if exported else f'=~"(?i){quote(re.escape(test.value))}"'
         out.append(f'{{__name__=~"{"|".join(re.escape(n) for n in info)}",{name}{cond}}}')
     return tuple(out), left
 
@@ -153,7 +152,7 @@ def hold_steps(rule: Rule, step: float) -> int:
     `for`, else the cascade's); 0 when it cannot be read."""
     t = rule.tree
     block = (t.cascade.stages[0] if t.cascade.stages else None) if t.cascade else t.when
-    return max(0, int(round((block.hold if block else 0.0) * rule.time_scale / step)))
+    return grid_steps((block.hold if block else 0.0) * rule.time_scale, step, 0)
 
 
 def _without_absence(cond: tree.Cond) -> tree.Cond:

@@ -12,6 +12,7 @@ mitigation, replicas down a cost fix, each with its own instructions). Schema: d
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -69,6 +70,18 @@ class Lever:
             quality_risk=self.quality_risk,
             capacity=v.capacity or self.capacity,
         )
+
+
+def rule_levers(refs: Iterable[Any], levers: Mapping[str, Lever]) -> list[LeverAdvice]:
+    """A rule's `levers:` entries (`{id, direction}`, or a bare id) as ranked advice: the n-th
+    entry ranks n, its direction `review` where it names none; an id `levers` lacks is left out
+    (`kvscope rules check` refuses it). The one reading of them: findings, alerts, runbooks."""
+    out = []
+    for rank, ref in enumerate(refs, 1):
+        lid, direction = (ref.get("id"), ref.get("direction", "review")) if isinstance(ref, dict) else (ref, "review")
+        if str(lid) in levers:
+            out.append(levers[str(lid)].advice(rank, str(direction)))
+    return out
 
 
 def parse_levers(text: str, path: str = "rules/levers.yaml") -> dict[str, Lever]:

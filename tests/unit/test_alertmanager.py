@@ -12,7 +12,6 @@ import pytest
 from kvscope.commands._params import parse_params
 from kvscope.diagnoser.alertmanager.payload import (
     WebhookError,
-    at_place,
     diagnosis_window,
     instance_places,
     parse_alert,
@@ -20,6 +19,7 @@ from kvscope.diagnoser.alertmanager.payload import (
     select_findings,
 )
 from kvscope.diagnoser.alertmanager.store import DiagnosisStore
+from kvscope.diagnoser.findings import same_place
 
 # Shape of a real Alertmanager 0.25 webhook (../shared/research/toolchain-probe.md).
 WEBHOOK = {
@@ -142,9 +142,9 @@ def test_an_instance_alert_gets_its_model_so_other_models_findings_stay_out():
     assert [f["rule_id"] for f in out["findings"]] == ["hit_collapse_after_scaling"]
 
 
-def test_at_place_ignores_labels_the_alert_does_not_carry():
-    assert at_place({"model": "m"}, {"instance": "e0"})
-    assert not at_place({"instance": "e1"}, {"instance": "e0"})
+def test_a_place_ignores_labels_the_alert_does_not_carry():
+    assert same_place({"model": "m"}, {"instance": "e0"})
+    assert not same_place({"instance": "e1"}, {"instance": "e0"})
 
 
 def test_store_is_bounded_and_lists_newest_first():
