@@ -370,25 +370,16 @@ def _lmcache(line: str, i: int, kube_ts: float | None, source: str, year: int) -
 
 def _lmcache_time(line: str, i: int, kube_ts: float | None, year: int) -> tuple[float, str] | str:
     """(time, what it lacked) of an LMCache line: kubectl's, else LMCache's own bracketed
-    date-time, else vLLM's `MM-DD HH:MM:SS` (the year from `year`); NaN and "time" with none;
-    no_timestamp for a time that does not parse."""
-    ts, missing = kube_ts, ""
+    date-time, else vLLM's `MM-DD HH:MM:SS` read as `_vllm_time` reads it; NaN and "time" with
+    none; no_timestamp for a time that does not parse."""
+    if kube_ts is not None:
+        return kube_ts, ""
     k = line.rfind("] LMCache ", 0, i)
     o = line.rfind("[", 0, k) + 1 if k > 0 else 0
-    if ts is None and o > 0 and _dated(line[o:k]):  # `,mmm` dropped: the second is enough here
+    if o > 0 and _dated(line[o:k]):  # `,mmm` dropped: the second is enough here
         ts = _time(_year(line[o : o + 4]), line[o + 5 : o + 7], line[o + 8 : o + 10], line[o + 11 : o + 19])
-        if ts is None:
-            return "no_timestamp"
-    if ts is None:
-        head = line[:i].split()
-        for a, b in zip(head, head[1:], strict=False):
-            if ts is None and len(a) == 5 and a[2] == "-" and len(b) == 8:
-                if (ts := _time(year, a[:2], a[3:], b)) is None:
-                    return "no_timestamp"
-                missing = "year"
-    if ts is None:
-        return NAN, "time"
-    return ts, missing
+        return "no_timestamp" if ts is None else (ts, "")
+    return _vllm_time(line[:i].split(), None, year)
 
 
 def _dated(text: str) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -33,7 +34,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from kvscope.agent.otel.genai import Convention, HistogramPoint
+from kvscope.agent.otel.genai import BucketSeries, Convention, HistogramPoint
 from kvscope.agent.serve.export import Family
 
 SCOPE = InstrumentationScope("kvscope.agent")
@@ -100,18 +101,14 @@ class Converter:
         if fam.kind != "histogram":
             numbers = [self._number(fam.name, fam.kind, labels, value, now_ns) for _, labels, value in fam.lines]
             return self._metric(fam.name, fam.help, unit, fam.kind, numbers, budget)
-        series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+        series: dict[tuple[tuple[str, str], ...], BucketSeries] = defaultdict(BucketSeries)
         for name, labels, value in fam.lines:
             base = tuple(kv for kv in labels if kv[0] != "le")
-            row = series.setdefault(base, {"buckets": []})
-            if name.endswith("_bucket"):
-                row["buckets"].append((float(dict(labels).get("le", "+Inf")), value))
-            else:
-                row[name[len(fam.name) :]] = value
+            series[base].add(base, name[len(fam.name) :], dict(labels).get("le", "+Inf"), value)
         points: list[HistogramDataPoint | None] = []
-        for base, row in series.items():
-            hist = _from_cumulative(base, row)
-            points.append(None if hist is None else self._histogram(fam.name, base, hist, now_ns))
+        for base, acc in series.items():
+            hist = acc.point(base)  # a series that is not a whole cumulative histogram: no point
+            points.append(None if isinstance(hist, str) else self._histogram(fam.name, base, hist, now_ns))
         return self._metric(fam.name, fam.help, unit, "histogram", points, budget)
 
     def _number(self, name: str, kind: str, labels: tuple, value: float, now_ns: int) -> NumberDataPoint | None:
@@ -158,15 +155,3 @@ class Converter:
         if reset or key not in self._start:  # new or restarted since the last export
             self._start[key] = self._last_export
         return self._start[key]
-
-
-def _from_cumulative(base: tuple, row: dict[str, Any]) -> HistogramPoint | None:
-    buckets = sorted(row["buckets"])
-    if not buckets or buckets[-1][0] != math.inf or "_sum" not in row:
-        return None
-    cumulative = [v for _, v in buckets]
-    if any(b < a for a, b in zip(cumulative, cumulative[1:], strict=False)):
-        return None
-    per = [cumulative[0]] + [b - a for a, b in zip(cumulative, cumulative[1:], strict=False)]
-    bounds = tuple(b for b, _ in buckets[:-1])
-    return HistogramPoint(base, bounds, tuple(round(c) for c in per), row["_sum"], round(cumulative[-1]))

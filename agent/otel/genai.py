@@ -93,7 +93,7 @@ def genai_points(
     whose buckets are not cumulative, or whose group disagrees on its boundaries, is left out and
     counted in `dropped` by reason."""
     by_signal = {c.signal: c for c in CONVENTIONS}
-    raw: dict[tuple[str, Attributes], _Acc] = defaultdict(_Acc)
+    raw: dict[tuple[str, Attributes], BucketSeries] = defaultdict(BucketSeries)
     for s in samples:
         base, suffix = _split(s.name)
         if base not in by_signal or not math.isfinite(s.value):
@@ -140,8 +140,10 @@ def _attributes(labels: Mapping[str, str], operation_name: str) -> Attributes:
     return tuple(sorted(attrs.items()))
 
 
-class _Acc:
-    """The `_bucket`/`_sum`/`_count` samples of every canonical series mapped to one point."""
+class BucketSeries:
+    """The `_bucket`/`_sum`/`_count` samples of every Prometheus histogram series mapped to one
+    point (here: the canonical series of one convention's attributes; agent/otel/convert.py: one
+    exported series each)."""
 
     def __init__(self) -> None:
         self.series: dict[tuple[tuple[str, str], ...], dict[str, object]] = {}
@@ -158,8 +160,9 @@ class _Acc:
         else:
             row[suffix] = value
 
-    def point(self, attrs: Attributes, advice: tuple[float, ...]) -> HistogramPoint | str:
-        """The summed point, or the reason it cannot be built."""
+    def point(self, attrs: Attributes, advice: tuple[float, ...] = ()) -> HistogramPoint | str:
+        """The summed point, or the reason it cannot be built; its buckets merged onto `advice`
+        when that is exact (none given: the series' own boundaries)."""
         bounds: tuple[float, ...] | None = None
         cumulative: list[float] = []
         total = 0.0
@@ -180,7 +183,7 @@ class _Acc:
             total += float(row["_sum"])  # type: ignore[arg-type]
         assert bounds is not None
         count = cumulative[-1]  # the +Inf bucket: OTLP wants the bucket counts to add up to the count
-        if set(advice) <= set(bounds):  # merging buckets onto the advice is exact
+        if advice and set(advice) <= set(bounds):  # merging buckets onto the advice is exact
             keep = [i for i, b in enumerate(bounds) if b in advice]
             cumulative = [cumulative[i] for i in keep] + [cumulative[-1]]
             bounds = tuple(bounds[i] for i in keep)
