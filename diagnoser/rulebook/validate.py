@@ -217,7 +217,10 @@ def check_levers(rule: Rule, ctx: Context) -> Iterable[RuleIssue]:
     levers = rule.doc.get("levers") or []
     if not levers:
         yield _issue(rule, rule.doc, "a rule needs at least one lever")
-    for ref in levers:
+    for ref in levers if isinstance(levers, list) else [levers]:
+        if not isinstance(ref, dict):
+            yield _issue(rule, rule.doc, f"a lever entry is {{id: ..., direction: ...}}, got {ref!r}", "levers")
+            continue
         if ref.get("id") not in ctx.levers:
             yield _issue(rule, ref, f"unknown lever {ref.get('id')!r} (not in rules/levers.yaml)", "id")
         if ref.get("direction", "review") not in DIRECTIONS:

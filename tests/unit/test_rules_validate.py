@@ -53,6 +53,11 @@ def test_unknown_lever_and_direction_are_reported(tmp_path):
     assert any("direction 'sideways'" in m for m in msgs)
 
 
+def test_a_bare_lever_id_is_reported_not_a_crash(tmp_path):
+    msgs = _messages(_copy_with(tmp_path, "{id: vllm.kv_cache_dtype, direction: set}", "vllm.kv_cache_dtype"))
+    assert any("a lever entry is {id: ..., direction: ...}, got 'vllm.kv_cache_dtype'" in m for m in msgs)
+
+
 def test_undeclared_parameter_and_bad_duration_are_reported(tmp_path):
     msgs = _messages(_copy_with(tmp_path, "min_den: $min_preempt_rate", "min_den: $min_rate"))
     assert any("unknown parameter $min_rate" in m for m in msgs)
