@@ -136,7 +136,7 @@ def open_source(args: argparse.Namespace) -> Source:
         from kvscope.diagnoser.sources.recording import RecordingSource
 
         return RecordingSource(args.recording, limits=recording_limits(args))
-    if args.log:
+    if getattr(args, "log", None):  # goodput has no --log
         from kvscope.diagnoser.sources.logs import LogSource
 
         return LogSource(args.log_read, "stdin" if args.log == "-" else args.log)

@@ -139,6 +139,15 @@ def test_unreachable_prometheus_gets_a_hint(capsys, command):
     assert "refused" in err.lower() and f"curl -s {url}/-/ready" in err
 
 
+@pytest.mark.parametrize("command", ["diagnose", "curve", "goodput"])
+def test_unreachable_agent_gets_a_hint(capsys, command):
+    """goodput has no --log: reading an agent must not ask for one (it raised AttributeError)."""
+    url = f"http://127.0.0.1:{_closed_port()}"
+    code, err = run_cli(capsys, command, "--agent", url, "--since", "5m")
+    assert code == 4
+    assert "refused" in err.lower() and f"curl -s {url}/-/ready" in err
+
+
 @pytest.mark.parametrize(
     "argv, flag",
     [
