@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         if args.recording:
             check_recording(args.recording)
         if args.log:
-            args.log_read = read_log_arg(args)
+            args.log_read = read_log_arg(args, "curve")
     except (ValueError, OSError, EOFError, zlib.error) as exc:
         return fail("curve", exc, 4)
     return _curve(args, since, step)

@@ -106,11 +106,9 @@ def run(args: argparse.Namespace) -> int:
         if args.recording:
             check_recording(args.recording)
         if args.log:
-            args.log_read = read_log_arg(args)
+            args.log_read = read_log_arg(args, "diagnose")
             for warning in args.log_read.summary.warnings():  # said even with -q: the window is not the log's
                 print(f"kvscope diagnose: {warning}", file=sys.stderr)
-            if (jumped := args.log_read.summary.jump_error()) is not None:
-                raise ValueError(jumped)  # a window of years the log never held is no all-clear
     except (ValueError, OSError, EOFError, zlib.error) as exc:
         return fail("diagnose", f"cannot read log {args.log}: {exc}" if args.log else exc, EXIT_SOURCE)
     return _diagnose(args, rules, params, since)
