@@ -9,7 +9,7 @@ import math
 import sys
 import time
 import zlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvscope.commands._checks import check_http_url, parse_seconds, parse_time, source_hint
 
@@ -67,12 +67,13 @@ def read_source_flags(args: argparse.Namespace) -> float:
     return since
 
 
-def window(args: argparse.Namespace, since: float, lattice: float | None) -> tuple[float | None, float | None]:
+def window(args: argparse.Namespace, since: float, lattice: float | None) -> tuple[Any, Any]:
     """(start, end) of the window the flags name (`read_source_flags` made them unix seconds):
     --start and --end as given; for a live source without --start, the `since` seconds ending at
     --end or now, now rounded down to a multiple of `lattice` where one is given (as Grafana asks:
     TSDBs that align queries for their caches, VictoriaMetrics and query frontends, answer at the
-    times asked). A recording or a log without them: None (its whole span)."""
+    times asked). A recording or a log without them: None (its whole span); typed as argparse's
+    values are, the live paths reading them as floats."""
     start, end = args.start, args.end
     if start is None and not (args.recording or getattr(args, "log", None)):
         if end is None:
