@@ -131,15 +131,8 @@ def _mix(reps: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, dict | Non
             mix[name] = None
             continue
         # the point estimate: the replicates' median (every replicate weighs the same buckets)
-        mb, ma = float(np.median(rb[ok_b])), float(np.median(ra[ok_a]))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.where(rb > 0, ra / rb - 1.0, np.nan)
-        mix[name] = {
-            "before": mb,
-            "after": ma,
-            "relative": (ma - mb) / mb if mb else None,
-            "relative_interval": bootstrap.interval(rel),
-        }
+        d = _delta(float(np.median(rb[ok_b])), float(np.median(ra[ok_a])), rb, ra)
+        mix[name] = {k: d[k] for k in ("before", "after", "relative", "relative_interval")}
     return mix
 
 
@@ -432,9 +425,7 @@ def at_matched_rate(before: Intervals, after: Intervals, th: Thresholds, gate_ca
     d = _rows_deltas(before, after, pairs, RATE_MATCHED, reps)
     if not d:
         return None
-    v, worse, better = _read(d, th)
-    if v == "no_change" and undecided(d, th):
-        v = "not_comparable"
+    v, worse, better = verdict(d, th)
     split = {"method": "matched", "rate_buckets": len(pairs)}
     split |= {"before_intervals": int(sum(len(rb) for rb, _, _ in pairs))}
     split |= {"after_intervals": int(sum(len(ra) for _, ra, _ in pairs))}

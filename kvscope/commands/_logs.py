@@ -43,9 +43,10 @@ def _date(text: str) -> datetime.date:
         raise argparse.ArgumentTypeError(f"not a date YYYY-MM-DD: {text!r}") from None
 
 
-def read_log_arg(args: argparse.Namespace) -> LogRead:
-    """The LogRead of args.log; OSError / ValueError with a message for the user. The caller says
-    its `summary.warnings()` and refuses a log whose `summary.jump_error()` is not None."""
+def read_log_arg(args: argparse.Namespace, command: str) -> LogRead:
+    """The LogRead of args.log; OSError / ValueError with a message for the user. A log whose
+    `summary.jump_error()` is not None is refused (ValueError), its `summary.warnings()` said
+    first on stderr as `kvscope <command>`; otherwise the caller says them where it wants."""
     from kvscope.agent.logs.series import read_log
 
     name = "stdin" if args.log == "-" else os.path.basename(args.log)
@@ -62,4 +63,8 @@ def read_log_arg(args: argparse.Namespace) -> LogRead:
             read = read_log(stream, instance, args.job, args.model, args.date)  # type: ignore[arg-type]
     if not read.scrapes:
         raise ValueError(f"log {args.log} holds no vLLM or SGLang stats lines ({read.summary.text()})")
+    if (jumped := read.summary.jump_error()) is not None:  # a window of years the log never held is no all-clear
+        for warning in read.summary.warnings():
+            print(f"kvscope {command}: {warning}", file=sys.stderr)
+        raise ValueError(jumped)
     return read

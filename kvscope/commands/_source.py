@@ -5,8 +5,11 @@ and `kvscope goodput`."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from typing import TYPE_CHECKING
+import time
+import zlib
+from typing import TYPE_CHECKING, Any
 
 from kvscope.commands._checks import check_http_url, parse_seconds, parse_time, source_hint
 
@@ -64,8 +67,26 @@ def read_source_flags(args: argparse.Namespace) -> float:
     return since
 
 
+def window(args: argparse.Namespace, since: float, lattice: float | None) -> tuple[Any, Any]:
+    """(start, end) of the window the flags name (`read_source_flags` made them unix seconds):
+    --start and --end as given; for a live source without --start, the `since` seconds ending at
+    --end or now, now rounded down to a multiple of `lattice` where one is given (as Grafana asks:
+    TSDBs that align queries for their caches, VictoriaMetrics and query frontends, answer at the
+    times asked). A recording or a log without them: None (its whole span); typed as argparse's
+    values are, the live paths reading them as floats."""
+    start, end = args.start, args.end
+    if start is None and not (args.recording or getattr(args, "log", None)):
+        if end is None:
+            end = math.floor(time.time() / lattice) * lattice if lattice else time.time()
+        start = end - since
+    return start, end
+
+
 def unread(args: argparse.Namespace, exc: Exception) -> str:
-    """Why the source could not be read; for --prometheus or --agent with the hint `source_hint` gives."""
+    """Why the source could not be read (a SourceError, or a recording's gzip cut short: EOFError,
+    zlib.error); for --prometheus or --agent with the hint `source_hint` gives."""
+    if isinstance(exc, EOFError | zlib.error):
+        return f"recording {args.recording} is truncated or corrupt: {exc}"
     url = args.prometheus or args.agent
     return source_hint("prometheus" if args.prometheus else "agent", url, str(exc)) if url else str(exc)
 
@@ -116,7 +137,7 @@ def open_source(args: argparse.Namespace) -> Source:
         from kvscope.diagnoser.sources.recording import RecordingSource
 
         return RecordingSource(args.recording, limits=recording_limits(args))
-    if args.log:
+    if getattr(args, "log", None):  # goodput has no --log
         from kvscope.diagnoser.sources.logs import LogSource
 
         return LogSource(args.log_read, "stdin" if args.log == "-" else args.log)

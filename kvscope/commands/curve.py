@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-import time
 import zlib
 from typing import TYPE_CHECKING
 
@@ -14,7 +12,7 @@ from kvscope.commands._checks import check_recording, parse_seconds
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._objectives import add_objective_flags, objectives_from_args
-from kvscope.commands._source import add_source_flags, open_source, read_source_flags, unread
+from kvscope.commands._source import add_source_flags, open_source, read_source_flags, unread, window
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.sources.promapi import PromClient
@@ -96,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         if args.recording:
             check_recording(args.recording)
         if args.log:
-            args.log_read = read_log_arg(args)
+            args.log_read = read_log_arg(args, "curve")
     except (ValueError, OSError, EOFError, zlib.error) as exc:
         return fail("curve", exc, 4)
     return _curve(args, since, step)
@@ -133,11 +131,7 @@ def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
     args.quiet = True
     source = open_source(args)
     try:
-        start, end = args.start, args.end
-        if start is None and not (args.recording or args.log):
-            lattice = step or DEFAULT_STEP_S  # now rounded down, as Grafana asks
-            end = end if end is not None else math.floor(time.time() / lattice) * lattice
-            start = end - since
+        start, end = window(args, since, step or DEFAULT_STEP_S)
         if isinstance(source, PrometheusSource) and args.recorded:  # run() let --recorded through with it only
             curves = recorded_curves(source.client, start, end, args.slo_ttft_p99, settings_reader(source))
         else:
@@ -145,10 +139,8 @@ def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
                 print(_long_window_hint(source.client, start, end), file=sys.stderr)
             frame = read_window(source, start, end, step or curve_step(source, start, end, DEFAULT_STEP_S))
             curves = pool_curves(frame, slo_s=args.slo_ttft_p99, objectives=args.objectives_set)
-    except SourceError as exc:
+    except (SourceError, EOFError, zlib.error) as exc:
         return fail("curve", unread(args, exc), 4)
-    except (EOFError, zlib.error) as exc:
-        return fail("curve", f"recording {args.recording} is truncated or corrupt: {exc}", 4)
     except ValueError as exc:
         return fail("curve", exc, 3)
     if args.json:

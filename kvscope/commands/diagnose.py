@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-import time
 import zlib
 from typing import TYPE_CHECKING
 
@@ -13,7 +11,7 @@ from kvscope.commands._checks import check_recording, check_rules_dir, parse_sec
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._logs import LOG_HELP, add_log_flags, read_log_arg
 from kvscope.commands._params import add_param_flag, parse_params
-from kvscope.commands._source import add_source_flags, open_source, read_source_flags, unread
+from kvscope.commands._source import add_source_flags, open_source, read_source_flags, unread, window
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.findings import Diagnosis
@@ -108,11 +106,9 @@ def run(args: argparse.Namespace) -> int:
         if args.recording:
             check_recording(args.recording)
         if args.log:
-            args.log_read = read_log_arg(args)
+            args.log_read = read_log_arg(args, "diagnose")
             for warning in args.log_read.summary.warnings():  # said even with -q: the window is not the log's
                 print(f"kvscope diagnose: {warning}", file=sys.stderr)
-            if (jumped := args.log_read.summary.jump_error()) is not None:
-                raise ValueError(jumped)  # a window of years the log never held is no all-clear
     except (ValueError, OSError, EOFError, zlib.error) as exc:
         return fail("diagnose", f"cannot read log {args.log}: {exc}" if args.log else exc, EXIT_SOURCE)
     return _diagnose(args, rules, params, since)
@@ -132,13 +128,7 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
             source.step_given = args.step is not None
     try:
         step = args.step or source.natural_step() or DEFAULT_STEP_S
-        start, end = args.start, args.end
-        if start is None and not (args.recording or args.log):
-            if end is None:
-                # with --prometheus, now on the step's lattice (as Grafana asks): TSDBs that align
-                # queries for their caches (VictoriaMetrics, query frontends) answer at the times asked
-                end = math.floor(time.time() / step) * step if args.prometheus else time.time()
-            start = end - since
+        start, end = window(args, since, step if args.prometheus else None)  # --prometheus: now on the step's lattice
         if start is not None and end is not None and not args.prometheus:
             step = max(step, (end - start) / MAX_POINTS_PER_SERIES)  # Prometheus refuses > 11,000 points per series
         if isinstance(source, PrometheusSource) and not args.full_fetch:
@@ -146,10 +136,8 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
             return _finish(args, source, _pool_changes(args, source, result, start, end, step))
         frame = read_window(source, set().union(*(sample_names(r) for r in rules)), Span(start, end), step)
         _print_notes(args, source)
-    except SourceError as exc:
+    except (SourceError, EOFError, zlib.error) as exc:
         return _not_diagnosed(args, unread(args, exc))
-    except (EOFError, zlib.error) as exc:
-        return _not_diagnosed(args, f"recording {args.recording} is truncated or corrupt: {exc}")
     except ValueError as exc:
         return fail("diagnose", exc, EXIT_USAGE)
     result = diagnose(frame, rules, params=params, source=source.description, time_scale=args.time_scale)

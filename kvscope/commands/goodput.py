@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import time
 import zlib
 
 from kvscope.commands._checks import check_recording
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._objectives import add_objective_flags, objectives_from_args
-from kvscope.commands._source import add_source_flags, open_source, read_source_flags, unread
+from kvscope.commands._source import add_source_flags, open_source, read_source_flags, unread, window
 
 HELP = """\
 Goodput per pool (model): the share of requests that met every latency objective at once (time to
@@ -62,16 +60,10 @@ def run(args: argparse.Namespace) -> int:
 
     args.quiet, args.log_read = True, None
     source = open_source(args)
-    start, end = args.start, args.end
     try:
-        if start is None and not args.recording:
-            end = end if end is not None else math.floor(time.time() / DEFAULT_STEP_S) * DEFAULT_STEP_S
-            start = end - since
-        rows = pool_goodput(read_window(source, SIGNALS, Span(start, end)), objectives)
-    except SourceError as exc:
+        rows = pool_goodput(read_window(source, SIGNALS, Span(*window(args, since, DEFAULT_STEP_S))), objectives)
+    except (SourceError, EOFError, zlib.error) as exc:
         return fail("goodput", unread(args, exc), 4)
-    except (EOFError, zlib.error) as exc:
-        return fail("goodput", f"recording {args.recording} is truncated or corrupt: {exc}", 4)
     except ValueError as exc:
         return fail("goodput", exc, 3)
     print(json.dumps([r.to_dict() for r in rows], indent=2, sort_keys=True) if args.json else render_text(rows))

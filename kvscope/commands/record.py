@@ -93,11 +93,7 @@ def _record_log(args: argparse.Namespace, out: Path) -> int:
     from kvscope.agent.recording.fromlog import write_log_recording
 
     try:
-        read = read_log_arg(args)
-        if (jumped := read.summary.jump_error()) is not None:
-            for warning in read.summary.warnings():
-                print(f"kvscope record: {warning}", file=sys.stderr)
-            raise ValueError(jumped)
+        read = read_log_arg(args, "record")
     except (ValueError, OSError, EOFError, zlib.error) as exc:
         return fail("record", f"cannot read log {args.log}: {exc}", 2)
     path = write_log_recording(read, out)

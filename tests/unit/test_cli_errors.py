@@ -60,12 +60,13 @@ def test_diagnose_says_a_gz_name_without_gzip_content(capsys, tmp_path):
     assert code == 4 and "not gzip-compressed" in err
 
 
-def test_diagnose_reports_a_truncated_gzip_recording_without_a_traceback(capsys, tmp_path):
+@pytest.mark.parametrize("command", ["diagnose", "curve", "goodput"])
+def test_a_truncated_gzip_recording_is_said_without_a_traceback(capsys, tmp_path, command):
     whole = (RECORDINGS / "kv-pressure-cascade.om.gz").read_bytes()
     cut = tmp_path / "cut.om.gz"
     cut.write_bytes(whole[: len(whole) // 3])
-    code, err = run_cli(capsys, "diagnose", "--recording", str(cut))
-    assert code == 4 and "truncated or corrupt" in err and "Traceback" not in err
+    code, err = run_cli(capsys, command, "--recording", str(cut))
+    assert code == 4 and f"recording {cut} is truncated or corrupt" in err and "Traceback" not in err
 
 
 def test_binary_file_is_called_binary(tmp_path):
@@ -134,6 +135,15 @@ def test_a_url_without_scheme_is_refused_with_an_example(capsys, argv):
 def test_unreachable_prometheus_gets_a_hint(capsys, command):
     url = f"http://127.0.0.1:{_closed_port()}"
     code, err = run_cli(capsys, command, "--prometheus", url, "--since", "5m")
+    assert code == 4
+    assert "refused" in err.lower() and f"curl -s {url}/-/ready" in err
+
+
+@pytest.mark.parametrize("command", ["diagnose", "curve", "goodput"])
+def test_unreachable_agent_gets_a_hint(capsys, command):
+    """goodput has no --log: reading an agent must not ask for one (it raised AttributeError)."""
+    url = f"http://127.0.0.1:{_closed_port()}"
+    code, err = run_cli(capsys, command, "--agent", url, "--since", "5m")
     assert code == 4
     assert "refused" in err.lower() and f"curl -s {url}/-/ready" in err
 
@@ -444,3 +454,20 @@ def test_diagnose_an_unreachable_prometheus_says_not_diagnosed_in_text_and_json(
     assert main(["diagnose", "--prometheus", url, "--since", "30m"]) == 4
     out, err = capsys.readouterr()
     assert out == "" and "not diagnosed: prometheus" in err
+
+
+def test_the_window_of_a_live_source_ends_now_on_the_lattice_a_recording_is_whole():
+    import argparse
+    import time
+
+    from kvscope.commands._source import window
+
+    live = argparse.Namespace(start=None, end=None, recording=None, prometheus="http://p:9090", agent=None)
+    start, end = window(live, 600.0, 15.0)  # goodput's flags: no --log
+    assert end is not None and end % 15 == 0 and time.time() - 15 < end <= time.time() and start == end - 600
+    _, end = window(argparse.Namespace(**{**vars(live), "end": 1000.0}), 600.0, 15.0)
+    assert end == 1000.0
+    _, end = window(argparse.Namespace(**{**vars(live), "log": None}), 600.0, None)  # no lattice: now
+    assert end is not None and time.time() - 5 < end <= time.time()
+    recording = argparse.Namespace(**{**vars(live), "recording": "x.om", "prometheus": None, "log": None})
+    assert window(recording, 600.0, 15.0) == (None, None)

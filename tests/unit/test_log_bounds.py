@@ -140,16 +140,17 @@ def test_a_dormant_week_is_no_jump():
     assert read.summary.jumps == 0 and read.summary.jump_error() is None and len(read.scrapes) == 3
 
 
-@pytest.mark.parametrize("command", ["diagnose", "record"])
+@pytest.mark.parametrize("command", ["diagnose", "record", "curve"])
 def test_a_log_spanning_two_thousand_years_is_not_diagnosed_healthy(tmp_path, capsys, command):
-    """It read as a 2026 -> 4026 window, exit 0, "No rule fired", and no warning."""
+    """It read as a 2026 -> 4026 window, exit 0, "No rule fired", and no warning (curve: exit 0 and a
+    curve of that window)."""
     from kvscope.cli import main
 
     path = tmp_path / "years.log"
     path.write_text("".join(_dated(2026 + 20 * i, i % 60) for i in range(100)))
-    extra = ["-q"] if command == "diagnose" else ["-o", str(tmp_path / "out.om")]
+    extra = {"diagnose": ["-q"], "record": ["-o", str(tmp_path / "out.om")]}.get(command, [])
     code = main([command, "--log", str(path), *extra])
     out = capsys.readouterr()
-    assert code == (4 if command == "diagnose" else 2), out
+    assert code == (2 if command == "record" else 4), out
     assert "jump ahead by more than 31 days" in out.err and "Traceback" not in out.err, out.err
     assert "No rule fired" not in out.out
