@@ -131,19 +131,12 @@ def test_a_url_without_scheme_is_refused_with_an_example(capsys, argv):
     assert "expected an http:// or https:// URL such as http://127.0.0.1:" in err
 
 
+@pytest.mark.parametrize("flag", ["--prometheus", "--agent"])
 @pytest.mark.parametrize("command", ["diagnose", "curve", "goodput"])
-def test_unreachable_prometheus_gets_a_hint(capsys, command):
-    url = f"http://127.0.0.1:{_closed_port()}"
-    code, err = run_cli(capsys, command, "--prometheus", url, "--since", "5m")
-    assert code == 4
-    assert "refused" in err.lower() and f"curl -s {url}/-/ready" in err
-
-
-@pytest.mark.parametrize("command", ["diagnose", "curve", "goodput"])
-def test_unreachable_agent_gets_a_hint(capsys, command):
+def test_an_unreachable_source_gets_a_hint(capsys, command, flag):
     """goodput has no --log: reading an agent must not ask for one (it raised AttributeError)."""
     url = f"http://127.0.0.1:{_closed_port()}"
-    code, err = run_cli(capsys, command, "--agent", url, "--since", "5m")
+    code, err = run_cli(capsys, command, flag, url, "--since", "5m")
     assert code == 4
     assert "refused" in err.lower() and f"curl -s {url}/-/ready" in err
 
