@@ -73,14 +73,14 @@ class Lever:
 
 
 def rule_levers(refs: Iterable[Any], levers: Mapping[str, Lever]) -> list[LeverAdvice]:
-    """A rule's `levers:` entries (`{id, direction}`, or a bare id) as ranked advice: the n-th
-    entry ranks n, its direction `review` where it names none; an id `levers` lacks is left out
-    (`kvscope rules check` refuses it). The one reading of them: findings, alerts, runbooks."""
+    """A rule's `levers:` entries (`{id, direction}`) as ranked advice: the n-th entry ranks n, its
+    direction `review` where it names none; an entry that is not a mapping, or whose id `levers`
+    lacks, is left out (`kvscope rules check` refuses both). The one reading of them: findings,
+    alerts, runbooks."""
     out = []
     for rank, ref in enumerate(refs, 1):
-        lid, direction = (ref.get("id"), ref.get("direction", "review")) if isinstance(ref, dict) else (ref, "review")
-        if str(lid) in levers:
-            out.append(levers[str(lid)].advice(rank, str(direction)))
+        if isinstance(ref, dict) and str(ref.get("id")) in levers:
+            out.append(levers[str(ref.get("id"))].advice(rank, str(ref.get("direction", "review"))))
     return out
 
 
