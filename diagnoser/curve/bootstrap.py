@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -139,34 +140,52 @@ def ratio_stat(num: str, den: str | None, seconds: float = 1.0) -> Stat:
     return stat
 
 
+class Matched(NamedTuple):
+    """One matched bucket: each side's rows (ascending), the bucket's weight in the mean over
+    buckets, and per side a weight per row (None: every row weighs one; a pooled bucket's rows
+    weigh their stratum's share, compare.pooled)."""
+
+    rows_b: np.ndarray
+    rows_a: np.ndarray
+    weight: float
+    scale_b: np.ndarray | None = None
+    scale_a: np.ndarray | None = None
+
+    def side(self, s: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """(rows, scale) of the before side (0) or the after side (1)."""
+        return (self.rows_b, self.scale_b) if s == 0 else (self.rows_a, self.scale_a)
+
+
 def matched_replicates(
     before: Intervals,
     after: Intervals,
-    buckets: list[tuple[np.ndarray, np.ndarray, float]],
+    buckets: list[Matched],
     stats: dict[str, Stat],
     replicates: int = REPLICATES,
     only: dict[str, list[bool]] | None = None,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per metric, (before, after) per replicate: the bucket-weighted mean over the matched buckets
-    of the metric recomputed on each side's resampled intervals. `buckets`: per matched bucket, the
-    before side's rows, the after side's rows, and the bucket's weight; `only`: per metric, which
-    buckets it is read at (default every one). A replicate whose bucket has no value for a metric
-    weighs the buckets that have one."""
+    of the metric recomputed on each side's resampled intervals (each drawn row times its scale);
+    `only`: per metric, which buckets it is read at (default every one). A replicate whose bucket
+    has no value for a metric weighs the buckets that have one."""
     rng = np.random.default_rng(SEED)
     sums = {m: [np.zeros(replicates), np.zeros(replicates)] for m in stats}
     weights = {m: [np.zeros(replicates), np.zeros(replicates)] for m in stats}
     lengths = block_length(before), block_length(after)
-    for k, (rows_b, rows_a, weight) in enumerate(buckets):
-        for side, (iv, rows) in enumerate(((before, rows_b), (after, rows_a))):
+    for k, bucket in enumerate(buckets):
+        for side, iv in enumerate((before, after)):
+            rows, scale = bucket.side(side)
             w = block_weights(iv, rows, rng, replicates, lengths[side])
+            if scale is not None:
+                w = w * scale
             part = iv.take(np.isin(np.arange(len(iv)), rows))
             for m, stat in stats.items():
                 if only and m in only and not only[m][k]:
                     continue
                 v = stat(part, w)
                 have = ~np.isnan(v)
-                sums[m][side] += np.where(have, v * weight, 0.0)
-                weights[m][side] += np.where(have, weight, 0.0)
+                sums[m][side] += np.where(have, v * bucket.weight, 0.0)
+                weights[m][side] += np.where(have, bucket.weight, 0.0)
     out = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

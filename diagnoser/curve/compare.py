@@ -44,9 +44,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvscope.diagnoser.curve import bootstrap
+from kvscope.diagnoser.curve.bootstrap import Matched
 from kvscope.diagnoser.curve.intervals import ARRIVAL_RATE, COMPUTED, Intervals
 from kvscope.diagnoser.curve.operating import KneeParams
 from kvscope.diagnoser.curve.points import EDGES, MIN_INTERVALS, MIN_REQUESTS, Point, placed
+from kvscope.diagnoser.curve.pooled import Load, load, pools
 
 METRICS = {  # name -> (direction where larger is worse, CI field)
     "ttft_p99_s": (+1, "ttft_p99_ci"),
@@ -56,6 +58,13 @@ METRICS = {  # name -> (direction where larger is worse, CI field)
 STEP = "itl_mean_s"
 """The metric that reads the engine's step time: its mean inter-token latency (the ITL histogram's
 sum over its count: exact, where a quantile is read between the histogram's buckets)."""
+SAME_BATCH = (STEP, "itl_p99_s")
+"""Read only at the matched buckets where both sides ran the same batch (`same_batch`): the decode
+step follows the batch the scheduler admits, and a setting moves that at the same load (a KV cut
+runs fewer and keeps more waiting: shorter steps; growing it back runs them all: longer ones), so
+the step and ITL at different batches read the setting's trade of TTFT for ITL, not the engine's
+speed (on the bench's stairs-10, growing the KV back read ITL p99 +120 % at 3-10 in the engine
+while TTFT p99 fell by 70 %)."""
 MIX = {  # the token mix each side's requests carried: name -> (tokens counter, requests counter)
     "prompt_tokens_per_request": ("engine_prompt_tokens_total", "request_ttft_seconds_count"),
     "output_tokens_per_request": ("engine_generation_tokens_total", "engine_requests_finished_total"),
@@ -95,30 +104,28 @@ def _rows(iv: Intervals, p: Point) -> np.ndarray:
 
 
 def deltas(
-    before: list[Point], after: list[Point], before_iv: Intervals, after_iv: Intervals
+    before: list[Point], after: list[Point], before_iv: Intervals, after_iv: Intervals, pool: bool = True
 ) -> tuple[dict, list[float], dict, dict | None]:
     """Per metric {before, after, delta, relative, interval, relative_interval, buckets} over the
-    matched buckets (the intervals from the bootstrap), the matched buckets' concurrencies, the
-    sides' offered load there: per MIX name {before, after, relative} (None where absent), and
-    the engine's step time with every metric scaled by it (`_step_time`; None: no ITL)."""
+    matched buckets (the intervals from the bootstrap): the buckets both sides hold densely, and
+    the pools of the others (`pooled.pools`: adaptive buckets, each side weighted to the same mix
+    of load; `pool` False: none); the matched buckets' concurrencies (the after side's); the sides' offered load
+    there: per MIX name {before, after, relative} (None where absent); and the engine's step time
+    with every metric scaled by it (`_step_time`; None: no ITL)."""
     b_by = {p.bucket: p for p in before if not p.sparse}
     pairs = [(b_by[p.bucket], p) for p in after if not p.sparse and p.bucket in b_by]
-    if not pairs:
+    taken = {int(np.searchsorted(EDGES, a.bucket[0])) for _, a in pairs}
+    pooled = pools(before_iv, after_iv, taken) if pool else []
+    if not pairs and not pooled:
         return {}, [], {}, None
-    matched = [(_rows(before_iv, b), _rows(after_iv, a), float(min(a.intervals, b.intervals))) for b, a in pairs]
-    only = {STEP: [same_batch(b, a) for b, a in pairs]}  # the step is the machine's at the same batch only
-    reps = bootstrap.matched_replicates(before_iv, after_iv, matched, _stats(before_iv.step), only=only)
-    weights = np.array([w for _, _, w in matched])
-    out = {}
-    for name in METRICS:
-        vb = np.array([np.nan if getattr(b, name) is None else getattr(b, name) for b, _ in pairs], dtype=float)
-        va = np.array([np.nan if getattr(a, name) is None else getattr(a, name) for _, a in pairs], dtype=float)
-        have = ~np.isnan(vb) & ~np.isnan(va)
-        if not have.any():
-            continue
-        mb, ma = (float(np.average(v[have], weights=weights[have])) for v in (vb, va))
-        out[name] = _delta(mb, ma, *reps[name]) | {"buckets": int(have.sum())}
-    return out, [a.concurrency for _, a in pairs], _mix(reps), _step_time(reps, out)
+    dense = [Matched(_rows(before_iv, b), _rows(after_iv, a), float(min(a.intervals, b.intervals))) for b, a in pairs]
+    loads = [(load(before_iv, *m.side(0)), load(after_iv, *m.side(1))) for m in pooled]
+    same = [same_batch(b, a) for b, a in pairs + loads]
+    only = {m: same for m in SAME_BATCH}
+    reps = bootstrap.matched_replicates(before_iv, after_iv, dense + pooled, _stats(before_iv.step), only=only)
+    out = _rows_deltas(before_iv, after_iv, dense + pooled, tuple(METRICS), reps, only=only)
+    matched = [a.concurrency for _, a in pairs] + [round(a.concurrency, 3) for _, a in loads]
+    return out, matched, _mix(reps), _step_time(reps, out)
 
 
 def _mix(reps: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, dict | None]:
@@ -136,7 +143,7 @@ def _mix(reps: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, dict | Non
     return mix
 
 
-def same_batch(b: Point, a: Point) -> bool:
+def same_batch(b: Point | Load, a: Point | Load) -> bool:
     """Both sides ran the same batch at this matched bucket: the requests in the engine less those
     waiting (the waiting gauge read on both) within one request of each other (the knee's
     `pinned_slack`), and nothing preempted on either. There the decode step is the machine's and
@@ -311,24 +318,31 @@ def _enough(iv: Intervals, rows: np.ndarray) -> bool:
     return len(rows) >= MIN_INTERVALS and n is not None and float(np.nansum(n[rows])) >= MIN_REQUESTS
 
 
-def _point(iv: Intervals, rows: np.ndarray, stat: bootstrap.Stat) -> float:
-    return float(stat(iv.take(np.isin(np.arange(len(iv)), rows)), np.ones((1, len(rows))))[0])
+def _point(iv: Intervals, rows: np.ndarray, scale: np.ndarray | None, stat: bootstrap.Stat) -> float:
+    """The metric over these rows (ascending), each weighing its `scale` (None: one)."""
+    w = np.ones((1, len(rows))) if scale is None else scale[None, :]
+    return float(stat(iv.take(np.isin(np.arange(len(iv)), rows)), w)[0])
 
 
 def _rows_deltas(
     before: Intervals,
     after: Intervals,
-    pairs: list[tuple[np.ndarray, np.ndarray, float]],
+    pairs: list[Matched],
     metrics: tuple[str, ...],
     reps: dict[str, tuple[np.ndarray, np.ndarray]],
     level: float = bootstrap.LEVEL,
+    only: dict[str, list[bool]] | None = None,
 ) -> dict:
-    """Per metric, `_delta` of the pairs' (before rows, after rows, weight) point estimates averaged
-    by weight, with the replicates' `level` intervals; metrics read on no pair are left out."""
-    stats, w, d = _stats(before.step), np.array([x for _, _, x in pairs]), {}
+    """Per metric, `_delta` of the pairs' point estimates averaged by weight, with the replicates'
+    `level` intervals; `only`: per metric, the pairs it is read at (default every one); metrics read
+    on no pair are left out."""
+    stats, w, d = _stats(before.step), np.array([x.weight for x in pairs]), {}
     for m in metrics:
-        vb = np.array([_point(before, rb, stats[m]) for rb, _, _ in pairs])
-        va = np.array([_point(after, ra, stats[m]) for _, ra, _ in pairs])
+        at = (only or {}).get(m) or [True] * len(pairs)
+        vb, va = (
+            np.array([_point(iv, *x.side(s), stats[m]) if ok else np.nan for x, ok in zip(pairs, at, strict=True)])
+            for s, iv in ((0, before), (1, after))
+        )
         have = ~np.isnan(vb) & ~np.isnan(va)
         if have.any():
             mb, ma = (float(np.average(v[have], weights=w[have])) for v in (vb, va))
@@ -363,11 +377,11 @@ def by_offered_load(before: Intervals, after: Intervals, th: Thresholds, gate_ca
     found: dict[int, dict] = {}
     for sign, pairs in claims.items():
         for rows_b, rows_a in pairs:
-            reps = bootstrap.matched_replicates(before, after, [(rows_b, rows_a, 1.0)], stats)
+            reps = bootstrap.matched_replicates(before, after, [Matched(rows_b, rows_a, 1.0)], stats)
             mix = _mix(reps)
             if mix_differs(gated(mix, gate_cache), th):
                 continue
-            d = _rows_deltas(before, after, [(rows_b, rows_a, 1.0)], ORDERED, reps, level)
+            d = _rows_deltas(before, after, [Matched(rows_b, rows_a, 1.0)], ORDERED, reps, level)
             named = [m for m, x in d.items() if _beyond(x, sign, getattr(th, m), th.relative)]
             if not named:
                 continue
@@ -414,7 +428,7 @@ def at_matched_rate(before: Intervals, after: Intervals, th: Thresholds, gate_ca
     for k in range(1, len(EDGES)):
         rows_b, rows_a = np.flatnonzero(k_b == k), np.flatnonzero(k_a == k)
         if _enough(before, rows_b) and _enough(after, rows_a):
-            pairs.append((rows_b, rows_a, float(min(len(rows_b), len(rows_a)))))
+            pairs.append(Matched(rows_b, rows_a, float(min(len(rows_b), len(rows_a)))))
     if not pairs:
         return None
     stats = _stats(before.step)
@@ -427,6 +441,6 @@ def at_matched_rate(before: Intervals, after: Intervals, th: Thresholds, gate_ca
         return None
     v, worse, better = verdict(d, th)
     split = {"method": "matched", "rate_buckets": len(pairs)}
-    split |= {"before_intervals": int(sum(len(rb) for rb, _, _ in pairs))}
-    split |= {"after_intervals": int(sum(len(ra) for _, ra, _ in pairs))}
+    split |= {"before_intervals": int(sum(len(m.rows_b) for m in pairs))}
+    split |= {"after_intervals": int(sum(len(m.rows_a) for m in pairs))}
     return {"verdict": v, "worse": worse, "better": better, "deltas": d, "offered_load": mix, "split": split}
