@@ -53,12 +53,6 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def parse_block_hashes(prompt: str | Sequence[int], block_chars: int = 64, block_tokens: int = 16) -> list[int]:
-    """Chained 64-bit hashes of the prompt's full blocks plus its partial tail (pure within one
-    process: `hash` of bytes is keyed per process)."""
-    return _chain(_prompt_bytes(prompt), block_chars if isinstance(prompt, str) else block_tokens * 4)
-
-
 def _prompt_bytes(prompt: str | Sequence[int]) -> bytes:
     if isinstance(prompt, str):
         return prompt.encode("utf-8", "surrogatepass")

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscope.agent.tap.prefix import PrefixIndex, parse_block_hashes, render_prompt
+from kvscope.agent.tap.prefix import PrefixIndex, render_prompt
 from kvscope.agent.tap.sse import classify_event, parse_usage, split_events
 from kvscope.agent.tenants import OTHER, TenantLimiter, parse_tenant
 
@@ -17,12 +17,15 @@ class Clock:
 
 
 def test_block_hashes_are_chained_so_equal_hashes_mean_equal_prefixes():
-    a = parse_block_hashes("x" * 64 + "y" * 64 + "z" * 10)
-    b = parse_block_hashes("w" * 64 + "y" * 64 + "z" * 10)
+    def hashes(prompt):
+        return PrefixIndex(block_chars=64, block_tokens=16).observe(prompt, "r").hashes
+
+    a = hashes("x" * 64 + "y" * 64 + "z" * 10)
+    b = hashes("w" * 64 + "y" * 64 + "z" * 10)
     assert len(a) == 3 and all(isinstance(h, int) for h in a)
     assert a[1] != b[1]  # same second block, different prefix
-    assert parse_block_hashes("x" * 64 + "y" * 64 + "q")[:2] == a[:2]
-    assert len(parse_block_hashes(list(range(40)), block_tokens=16)) == 3
+    assert hashes("x" * 64 + "y" * 64 + "q")[:2] == a[:2]
+    assert len(hashes(list(range(40)))) == 3
 
 
 def test_reusable_ratio_counts_only_leading_blocks_seen_in_the_window():
@@ -121,7 +124,7 @@ class _ReferenceIndex:
         self.order = []  # least recently seen first
 
     def observe(self, prompt, replica, now):
-        hashes = parse_block_hashes(prompt, self.block_chars)
+        hashes = list(PrefixIndex(block_chars=self.block_chars).observe(prompt, "r").hashes)  # a fresh index: the chain
         live = [h in self.blocks and now - self.blocks[h][0] <= self.window_s for h in hashes]
         matched = live.index(False) if False in live else len(live)
         for h in hashes:
