@@ -103,8 +103,12 @@ DAY_RATES = (4.0, 8.0, 12.0, 16.0, 12.0, 8.0, 4.0)
 """Poisson arrivals per second, 30 s each, twice per phase: a day's rise and fall, compressed."""
 
 
-def _day() -> tuple[Seg, ...]:
-    return tuple(Seg(30, rate=r) for r in DAY_RATES * 2)
+RUSH_RATES = (8.0, 16.0, 24.0, 32.0, 24.0, 16.0, 8.0)
+"""The same rise and fall at the rates where poisson-heavy's bursts made the KV cut bite, 45 s each."""
+
+
+def _day(rates: tuple[float, ...] = DAY_RATES, seconds: float = 30) -> tuple[Seg, ...]:
+    return tuple(Seg(seconds, rate=r) for r in rates * 2)
 
 
 SHAPES: dict[str, tuple[str, tuple[tuple[Seg, ...], ...]]] = {  # name: (summary, each phase's segments)
@@ -124,6 +128,11 @@ SHAPES: dict[str, tuple[str, tuple[tuple[Seg, ...], ...]]] = {  # name: (summary
         "open-loop Poisson arrivals whose rate rises 4 -> 16 -> 4 per second in 30 s steps, twice per phase "
         "(7 minutes)",
         (_day(),) * 4,
+    ),
+    "curve-shape-poisson-rush": (  # long sides at a load the KV cut bites: 10.5 minutes each
+        "open-loop Poisson arrivals whose rate rises 8 -> 32 -> 8 per second in 45 s steps, twice per phase "
+        "(10.5 minutes)",
+        (_day(RUSH_RATES, 45),) * 4,
     ),
     "curve-shape-stairs-long": (  # long sides: 12 minutes each, 24-48 intervals at 15-30 s scrapes
         "closed-loop stairs 1, 4, 16, 4 streams, 90 s each, twice per phase (12 minutes)",
