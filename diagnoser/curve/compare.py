@@ -1,16 +1,16 @@
 """Did a change help: the curve before against the curve after, at matched load only.
 
-Only the concurrency buckets both sides measured with enough data (neither sparse) are
-compared; per metric the per-bucket deltas are averaged weighted by the smaller side's
-intervals. The delta's 95 % interval is a block bootstrap over each side's intervals
-(bootstrap.py): the drift between intervals on a shared machine is in it, which the
-order-statistic interval of one merged histogram (independent requests) is not. A metric is worse
-when its whole interval clears both thresholds in the worse direction (the relative share and the
-absolute amount): the change exceeds them at 95 % confidence, not only its point estimate. Any
-metric worse: regression; else any better: improvement; else no_change where every metric's
-interval excludes a change beyond the thresholds (equivalence: `undecided`), not_comparable where
-some interval reaches past them (the data cannot decide); no bucket in common: not_comparable
-(never a verdict on different load).
+The concurrency buckets both sides measured with enough data (neither sparse) are compared one
+by one, and the others pooled at the same mix of load (pooled.py: adaptive buckets); per metric
+the deltas are averaged weighted by the smaller side's intervals. The delta's 95 % interval is a
+block bootstrap over each side's intervals (bootstrap.py): the drift between intervals on a shared
+machine is in it, which the order-statistic interval of one merged histogram (independent
+requests) is not. A metric is worse when its whole interval clears both thresholds in the worse
+direction (the relative share and the absolute amount): the change exceeds them at 95 %
+confidence, not only its point estimate. Any metric worse: regression; else any better:
+improvement; else no_change where every metric's interval excludes a change beyond the thresholds
+(equivalence: `undecided`), not_comparable where some interval reaches past them (the data cannot
+decide); no bucket in common: not_comparable (never a verdict on different load).
 
 Matched load is more than matched concurrency (§8.2: one curve per input/output length
 combination; §8.4: compare at matched input/output lengths). Where the two sides' requests differ
@@ -109,9 +109,9 @@ def deltas(
     """Per metric {before, after, delta, relative, interval, relative_interval, buckets} over the
     matched buckets (the intervals from the bootstrap): the buckets both sides hold densely, and
     the pools of the others (`pooled.pools`: adaptive buckets, each side weighted to the same mix
-    of load; `pool` False: none); the matched buckets' concurrencies (the after side's); the sides' offered load
-    there: per MIX name {before, after, relative} (None where absent); and the engine's step time
-    with every metric scaled by it (`_step_time`; None: no ITL)."""
+    of load; `pool` False: none); the matched buckets' concurrencies (the after side's); the
+    sides' offered load there: per MIX name {before, after, relative} (None where absent); and the
+    engine's step time with every metric scaled by it (`_step_time`; None: no ITL)."""
     b_by = {p.bucket: p for p in before if not p.sparse}
     pairs = [(b_by[p.bucket], p) for p in after if not p.sparse and p.bucket in b_by]
     taken = {int(np.searchsorted(EDGES, a.bucket[0])) for _, a in pairs}
