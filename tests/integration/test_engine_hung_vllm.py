@@ -87,9 +87,13 @@ async def _client(
             "ignore_eos": True,
             "temperature": 0.0,
         }
-        async with session.post(base + "/v1/completions", json=body) as r:
-            await r.read()
-            done.append(r.status)
+        try:
+            async with session.post(base + "/v1/completions", json=body) as r:
+                await r.read()
+                done.append(r.status)
+        except aiohttp.ClientError as e:  # the load goes on (a client that died would stop it unseen)
+            done.append(f"{type(e).__name__}: {e}")
+            await asyncio.sleep(0.5)
         i += 1
 
 
@@ -105,7 +109,7 @@ async def _until_engine_holds_requests(
         if await _in_engine(session, metrics_url) >= 1:
             return
         await asyncio.sleep(0.2)
-    raise AssertionError("the load never put a request in the engine")
+    raise AssertionError(f"the load never put a request in the engine in {timeout_s:g} s")
 
 
 async def _in_engine(session: aiohttp.ClientSession, metrics_url: str) -> float:
@@ -206,7 +210,7 @@ async def _run(srv: VllmServer) -> dict:
     marks: dict[str, float] = {}
     health_during_hang: list[int] = []
     stop_scrape, stop_load = asyncio.Event(), asyncio.Event()
-    done: list[int] = []
+    done: list[int | str] = []  # each request's status, or the client error it met
     timeout = aiohttp.ClientTimeout(total=1800)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(force_close=True)) as session:
         scraper = asyncio.create_task(_scraper(collector, samples, stop_scrape))
@@ -228,7 +232,10 @@ async def _run(srv: VllmServer) -> dict:
             # the hang starts while the engine holds requests (its gauges freeze at the last step's
             # values: stopped between a finish and the next arrival, it would report none in it)
             marks["slow_end"] = time.time()
-            marks["hang"] = await _stop_holding_requests(core, session, srv.metrics_url)
+            try:
+                marks["hang"] = await _stop_holding_requests(core, session, srv.metrics_url)
+            except AssertionError as e:  # what the load saw, for a failure's record
+                raise AssertionError(f"{e}; the clients' last answers: {done[-8:]}") from e
             while time.time() - marks["hang"] < HUNG_S:
                 async with session.get(srv.url + "/health") as r:
                     health_during_hang.append(r.status)
