@@ -42,7 +42,7 @@ import yaml
 
 from kvscope.diagnoser.curve.compare import Thresholds
 from kvscope.diagnoser.curve.operating import PLACING
-from kvscope.diagnoser.curve.report import pool_curves
+from kvscope.diagnoser.curve.report import ENGINE_VERDICTS, pool_curves
 from kvscope.diagnoser.curve.window import read_window
 from kvscope.diagnoser.sources.recording import RecordingSource
 
@@ -53,7 +53,6 @@ from testbed.recording_variants import read_variant_source, resample, write_reco
 
 RECORDINGS = REPO / "tests" / "recordings"
 KNEE = "curve-vllm-max-num-seqs"
-ENGINE_VERDICTS = ("regression", "improvement")
 CHANGE_NAMES = {"no_change": "same-restart", "regression": "regression", "improvement": "improvement"}
 
 

@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvscope.diagnoser.curve.report import pool_curves
+from kvscope.diagnoser.curve.report import ENGINE_VERDICTS, pool_curves
 from kvscope.diagnoser.curve.window import read_window
 from kvscope.diagnoser.sources.recording import RecordingSource
 
 HERE = Path(__file__).resolve().parent
-ENGINE_VERDICTS = ("regression", "improvement")
 
 STEADY = {
     # one replica, one steady phase (4 req/s, --no-enable-prefix-caching from the start)
