@@ -40,6 +40,7 @@ step itself (a KV cut evicts the prefix cache and slows the steps of the same ba
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -48,7 +49,7 @@ from kvscope.diagnoser.curve.bootstrap import Matched
 from kvscope.diagnoser.curve.intervals import ARRIVAL_RATE, COMPUTED, Intervals
 from kvscope.diagnoser.curve.operating import KneeParams
 from kvscope.diagnoser.curve.points import EDGES, MIN_INTERVALS, MIN_REQUESTS, Point, placed
-from kvscope.diagnoser.curve.pooled import Load, load, pools
+from kvscope.diagnoser.curve.pooled import REQUESTS, Load, load, pools
 
 METRICS = {  # name -> (direction where larger is worse, CI field)
     "ttft_p99_s": (+1, "ttft_p99_ci"),
@@ -98,6 +99,31 @@ def _stats(step: float) -> dict[str, bootstrap.Stat]:
     }
 
 
+class At(NamedTuple):
+    """One matched bucket, or a pool of adjacent ones (its outer edges): the after side's mean
+    requests in the engine there, and per side (before, after) its intervals and requests."""
+
+    bucket: tuple[float, float]
+    concurrency: float
+    intervals: tuple[int, int]
+    requests: tuple[float, float]
+
+
+def _requests(iv: Intervals, rows: np.ndarray) -> float:
+    count = iv.counters.get(REQUESTS)
+    return 0.0 if count is None else float(np.nansum(count[rows]))
+
+
+def _pool_at(before: Intervals, after: Intervals, m: Matched, a_load: Load) -> At:
+    ks = np.concatenate([placed(before)[0][m.rows_b], placed(after)[0][m.rows_a]])
+    return At(
+        (float(EDGES[ks.min()]), float(EDGES[ks.max() + 1])),
+        round(a_load.concurrency, 3),
+        (len(m.rows_b), len(m.rows_a)),
+        (_requests(before, m.rows_b), _requests(after, m.rows_a)),
+    )
+
+
 def _rows(iv: Intervals, p: Point) -> np.ndarray:
     b, ok = placed(iv)
     return np.flatnonzero(ok & (b == int(np.searchsorted(EDGES, p.bucket[0]))))
@@ -105,11 +131,11 @@ def _rows(iv: Intervals, p: Point) -> np.ndarray:
 
 def deltas(
     before: list[Point], after: list[Point], before_iv: Intervals, after_iv: Intervals, pool: bool = True
-) -> tuple[dict, list[float], dict, dict | None]:
+) -> tuple[dict, list[At], dict, dict | None]:
     """Per metric {before, after, delta, relative, interval, relative_interval, buckets} over the
     matched buckets (the intervals from the bootstrap): the buckets both sides hold densely, and
     the pools of the others (`pooled.pools`: adaptive buckets, each side weighted to the same mix
-    of load; `pool` False: none); the matched buckets' concurrencies (the after side's); the
+    of load; `pool` False: none); the matched buckets and pools (`At`); the
     sides' offered load there: per MIX name {before, after, relative} (None where absent); and the
     engine's step time with every metric scaled by it (`_step_time`; None: no ITL)."""
     b_by = {p.bucket: p for p in before if not p.sparse}
@@ -124,7 +150,9 @@ def deltas(
     only = {m: same for m in SAME_BATCH}
     reps = bootstrap.matched_replicates(before_iv, after_iv, dense + pooled, _stats(before_iv.step), only=only)
     out = _rows_deltas(before_iv, after_iv, dense + pooled, tuple(METRICS), reps, only=only)
-    matched = [a.concurrency for _, a in pairs] + [round(a.concurrency, 3) for _, a in loads]
+    matched = [At(a.bucket, a.concurrency, (b.intervals, a.intervals), (b.requests or 0.0, a.requests or 0.0))
+               for b, a in pairs]  # fmt: skip
+    matched += [_pool_at(before_iv, after_iv, m, a) for m, (_, a) in zip(pooled, loads, strict=True)]
     return out, matched, _mix(reps), _step_time(reps, out)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from kvscope.diagnoser.curve.compare import Thresholds, undecided
+from kvscope.diagnoser.curve.compare import At, Thresholds, undecided
 from kvscope.diagnoser.curve.points import MIN_INTERVALS, MIN_REQUESTS, Point
 
 SHOWN = 3
@@ -73,15 +73,15 @@ def _factor(point: float | None, iv: list[float] | None, t: float) -> float | No
     return None if room < 0.1 * t else ((iv[1] - iv[0]) / 2 / room) ** 2
 
 
-def more_to_settle(d: dict, th: Thresholds, before: list[Point], after: list[Point], step: float) -> list[dict]:
+def more_to_settle(d: dict, th: Thresholds, matched: list[At], step: float) -> list[dict]:
     """Where buckets matched and some metric's interval neither clears the thresholds nor rules
-    them out (`compare.undecided`): per matched bucket, as `more_traffic`, the intervals each side
-    would add, every matched bucket alike, for the intervals to settle it, if the change stayed at
-    its estimate and the interval narrowed as one over the square root of the intervals (the
-    bootstrap's own rate on a stationary side): for each undecided metric, on the scale (absolute
-    or relative) whose interval straddles its threshold and needs the least, (h / r)^2 times the
-    intervals (`_factor`); the metric needing the most sets it. An estimate, said as one. [] where
-    none is estimable."""
+    them out (`compare.undecided`): per matched bucket or pool (`compare.At`; a pool by its outer
+    edges), as `more_traffic`, the intervals each side would add, every matched bucket alike, for
+    the intervals to settle it, if the change stayed at its estimate and the interval narrowed as
+    one over the square root of the intervals (the bootstrap's own rate on a stationary side): for
+    each undecided metric, on the scale (absolute or relative) whose interval straddles its
+    threshold and needs the least, (h / r)^2 times the intervals (`_factor`); the metric needing
+    the most sets it. An estimate, said as one. [] where none is estimable."""
     factor = 0.0
     for m in undecided(d, th):
         x = d[m]
@@ -95,18 +95,12 @@ def more_to_settle(d: dict, th: Thresholds, before: list[Point], after: list[Poi
         factor = max(factor, min(known))
     if factor <= 1.0:
         return []
-    b_by = {p.bucket: p for p in before if not p.sparse}
     out: list[tuple[float, dict]] = []
-    for a in after:
-        b = b_by.get(a.bucket)
-        if a.sparse or b is None:
-            continue
+    for at in matched:
         sides, seconds = {}, 0.0
-        for name, p in (("before", b), ("after", a)):
-            n = math.ceil(p.intervals * (factor - 1.0))
-            sides[name] = {"intervals": p.intervals, "requests": p.requests}
-            sides[name] |= {"more_intervals": n, "more_seconds": n * step}
+        for name, have, reqs in zip(("before", "after"), at.intervals, at.requests, strict=True):
+            n = math.ceil(have * (factor - 1.0))
+            sides[name] = {"intervals": have, "requests": reqs, "more_intervals": n, "more_seconds": n * step}
             seconds += n * step
-        conc = round((a.concurrency + b.concurrency) / 2, 3)
-        out.append((seconds, {"bucket": list(a.bucket), "concurrency": conc} | sides))
+        out.append((seconds, {"bucket": list(at.bucket), "concurrency": at.concurrency} | sides))
     return [x for _, x in sorted(out, key=lambda t: t[0])][:SHOWN]

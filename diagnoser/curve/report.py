@@ -176,9 +176,10 @@ def judge(
         reason = _reason(v, d, gate, None if setting else step, th)
         more = more_traffic(*sides, iv.step) if not d else None
         if reason and reason.startswith(UNDECIDED):
-            more = more_to_settle(d, th, *sides, iv.step) or None
+            more = more_to_settle(d, th, matched, iv.step) or None
         split = by_rate["split"] if by_rate else None
-        out.append(JudgedChange(c, v, d, worse, better, matched, mix, reason, step, more, split, *sides))
+        at = [m.concurrency for m in matched]
+        out.append(JudgedChange(c, v, d, worse, better, at, mix, reason, step, more, split, *sides))
     return out
 
 

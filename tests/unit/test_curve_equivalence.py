@@ -42,17 +42,14 @@ def test_an_undecided_change_says_how_much_more_traffic_would_settle_it():
     thresholds (0.1 s, 10 %); the relative scale needs less: half-width 32.5 %, 15 % from the
     threshold, (32.5 / 15)^2 = 4.69 times the intervals, 3.69 more per interval held. With the
     estimate on both thresholds nothing is estimable."""
+    from kvscope.diagnoser.curve.compare import At
     from kvscope.diagnoser.curve.decide import more_to_settle
-    from kvscope.diagnoser.curve.points import Point
 
-    def pt(n):
-        return Point(4.0, (3.5, 5.0), n, 100.0 * n, None, None, None, None, None, None, None, None, None, None, None,
-                     None, None, False)  # fmt: skip
-
+    at = [At((3.5, 5.0), 4.0, (10, 8), (1000.0, 800.0))]
     d = {"ttft_p99_s": _d([-0.02, 0.30], [-0.05, 0.60]) | {"delta": 0.14, "relative": 0.25}}
     assert undecided(d, Thresholds()) == ["ttft_p99_s"]
-    (more,) = more_to_settle(d, Thresholds(), [pt(10)], [pt(8)], 15.0)
+    (more,) = more_to_settle(d, Thresholds(), at, 15.0)
     assert (more["before"]["more_intervals"], more["after"]["more_intervals"]) == (37, 30)
     assert more["after"]["more_seconds"] == 30 * 15.0
     d["ttft_p99_s"] |= {"delta": 0.101, "relative": 0.105}
-    assert more_to_settle(d, Thresholds(), [pt(10)], [pt(8)], 15.0) == []
+    assert more_to_settle(d, Thresholds(), at, 15.0) == []

@@ -14,7 +14,7 @@ import pytest
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, pool_intervals
 from kvscope.diagnoser.curve.pooled import pools
 from kvscope.diagnoser.curve.report import pool_curves
-from tests.unit.test_curve import synth
+from tests.unit.test_curve import hump, synth
 from tests.unit.test_curve_machine_speed import _with_itl
 
 
@@ -94,3 +94,19 @@ def test_itl_is_read_only_where_both_sides_ran_the_same_batch():
     assert j.change.kind == "config"
     assert "itl_p99_s" not in j.deltas
     assert j.verdict == "improvement" and j.better == ["ttft_p99_s"]
+
+
+def test_an_undecided_pool_says_how_much_more_traffic_at_its_load_would_settle_it():
+    """Only a pool matched (4.2 and 6 in the engine, sparse alone) and every other interval after
+    the restart has its slowest 3 % at 0.5 s: TTFT p99's interval straddles the thresholds. The
+    traffic that would settle it is asked of the pool, named by its outer edges, at its load."""
+    frame = _restart(
+        [4.2] * 4 + [6.0] * 3, [4.2] * 3 + [6.0] * 4, tail=lambda c, i: 3 if i > 8 and i % 2 == 0 else hump(c)
+    )
+    (pc,) = pool_curves(frame, settle_s=0.0)
+    (j,) = pc.changes
+    assert j.verdict == "not_comparable" and j.reason.startswith("undecided")
+    (more,) = j.more_traffic
+    assert more["bucket"] == [3.5, 7.0] and 4.2 < more["concurrency"] < 6.0
+    assert (more["before"]["intervals"], more["after"]["intervals"]) == (7, 6)
+    assert more["before"]["more_intervals"] > 0 and more["after"]["more_seconds"] > 0
