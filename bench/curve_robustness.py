@@ -21,9 +21,13 @@ within the thresholds is right. A same-flags restart whose engine truth itself m
 thresholds (the shared box's load moved between the phases) and that kvscope judged as the
 engine moved is `unheld`: the run did not hold its truth, counted apart from right and wrong.
 Verdicts judged on other changes inside a change window (a `curve` shift within a phase) are
-counted as spurious. The knee: `curve-vllm-max-num-seqs`, whose
-saturation level is computed from the recorder's own numbers (testbed/curve_record.py); right when the
-knee lies between the in-flight means of the levels before and after it, placed by a sign.
+counted as spurious. The abstentions where the truth is a regression or improvement are also
+counted by the shorter side's length in scrape intervals (the after side less the 30 s the curve
+leaves a restarted engine to warm up): a 40 s side scraped every 15 or 30 s holds no interval
+after that, which no estimate can decide on. The knee: `curve-vllm-max-num-seqs` (levels of 20 s) and
+`-long` (90 s), whose saturation level is computed from the recorder's own numbers
+(testbed/curve_record.py); right when the knee lies between the in-flight means of the levels
+before and after it, placed by a sign.
 
     .venv/bin/python bench/curve_robustness.py [--only NAME ...] [--scrapes 2 15 30] [--detail]
 """
@@ -42,7 +46,7 @@ import yaml
 
 from kvscope.diagnoser.curve.compare import Thresholds
 from kvscope.diagnoser.curve.operating import PLACING
-from kvscope.diagnoser.curve.report import ENGINE_VERDICTS, pool_curves
+from kvscope.diagnoser.curve.report import ENGINE_VERDICTS, SETTLE_S, pool_curves
 from kvscope.diagnoser.curve.window import read_window
 from kvscope.diagnoser.sources.recording import RecordingSource
 
@@ -52,7 +56,9 @@ from testbed.curve_record import saturation_level  # noqa: E402
 from testbed.recording_variants import read_variant_source, resample, write_recording  # noqa: E402
 
 RECORDINGS = REPO / "tests" / "recordings"
-KNEE = "curve-vllm-max-num-seqs"
+KNEE = "curve-vllm-max-num-seqs"  # and its -long twin: the knee recordings' prefix
+SIDES = ((1, 9), (10, 19), (20, None))
+"""The abstentions are counted apart by the shorter side's length in scrape intervals."""
 CHANGE_NAMES = {"no_change": "same-restart", "regression": "regression", "improvement": "improvement"}
 
 
@@ -67,6 +73,7 @@ class Cell:
     truth_shift: str = ""
     spurious: int = 0
     note: str = ""
+    side_intervals: int = 0  # the shorter side (the after side less the settle time) in scrape intervals
 
 
 def _meta(name: str) -> dict:
@@ -157,6 +164,7 @@ def change_cells(name: str, meta: dict, source: RecordingSource, scrape_s: float
                 shift,
                 spurious,
                 note,
+                int(min(before["end_s"] - before["start_s"], after["end_s"] - after["start_s"] - SETTLE_S) // scrape_s),
             )
         )
     first = phases[0]
@@ -167,7 +175,7 @@ def change_cells(name: str, meta: dict, source: RecordingSource, scrape_s: float
     return cells
 
 
-def knee_cell(meta: dict, source: RecordingSource, scrape_s: float) -> Cell:
+def knee_cell(name: str, meta: dict, source: RecordingSource, scrape_s: float) -> Cell:
     levels = meta["phases"]
     sat = saturation_level(levels)
     lo, hi = levels[sat - 1]["engine_in_flight_mean"], levels[sat + 1]["engine_in_flight_mean"]
@@ -175,10 +183,10 @@ def knee_cell(meta: dict, source: RecordingSource, scrape_s: float) -> Cell:
     (pc,) = pool_curves(read_window(source, None, None, source.natural_step()))
     op = pc.operating
     if op.knee_concurrency is None:
-        return Cell(KNEE, scrape_s, "knee", truth, "none", "abstained")
+        return Cell(name, scrape_s, "knee", truth, "none", "abstained")
     got = f"{op.knee_concurrency:.1f} ({op.knee_sign})"
     ok = op.knee_sign in PLACING and lo <= op.knee_concurrency <= hi
-    return Cell(KNEE, scrape_s, "knee", truth, got, "right" if ok else "wrong")
+    return Cell(name, scrape_s, "knee", truth, got, "right" if ok else "wrong")
 
 
 def sources(name: str, scrapes: list[float], tmp: Path):
@@ -204,8 +212,8 @@ def run(names: list[str], scrapes: list[float]) -> list[Cell]:
         for name in names:
             meta = _meta(name)
             for s, source in sources(name, scrapes, Path(tmp)):
-                if name == KNEE:
-                    cells.append(knee_cell(meta, source, s))
+                if name.startswith(KNEE):
+                    cells.append(knee_cell(name, meta, source, s))
                 else:
                     cells.extend(change_cells(name, meta, source, s, th))
     return cells
@@ -258,6 +266,11 @@ def totals(cells: list[Cell]) -> str:
     out.append(
         f"abstained where the truth is a {'/'.join(ENGINE_VERDICTS)} beyond the thresholds: {abst} of {len(engine)}"
     )
+    for lo, hi in SIDES:
+        part = [c for c in engine if c.side_intervals >= lo and (hi is None or c.side_intervals <= hi)]
+        span = f"{lo}-{hi}" if hi else f">= {lo}"
+        n = sum(c.outcome == "abstained" for c in part)
+        out.append(f"  of those, sides of {span} scrape intervals: {n} of {len(part)} abstained")
     out.append(f"spurious engine verdicts inside change windows: {sum(c.spurious for c in cells)}")
     return "\n".join(out)
 
@@ -265,12 +278,13 @@ def totals(cells: list[Cell]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     shapes = sorted(p.name.removesuffix(".yaml") for p in RECORDINGS.glob("curve-shape-*.yaml"))
-    ap.add_argument("--only", nargs="+", help=f"recordings (default: {', '.join(shapes + [KNEE])})")
+    shapes += sorted(p.name.removesuffix(".yaml") for p in RECORDINGS.glob(f"{KNEE}*.yaml"))
+    ap.add_argument("--only", nargs="+", help=f"recordings (default: {', '.join(shapes)})")
     ap.add_argument("--detail", action="store_true", help="one row per cell, with the engine truth")
     ap.add_argument("--scrapes", nargs="+", type=float, default=[2.0, 15.0, 30.0], help="scrape intervals, s")
     a = ap.parse_args(argv)
     t = time.monotonic()
-    cells = run(a.only or shapes + [KNEE], a.scrapes)
+    cells = run(a.only or shapes, a.scrapes)
     print(table(cells) if a.detail else compact(cells))
     print()
     print(totals(cells))

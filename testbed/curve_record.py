@@ -6,9 +6,9 @@
   histogram over the level (raw /metrics text read at the level's start and end, bucket counts
   subtracted, quantiles by linear interpolation), plus the engine's mean running + waiting
   polled once a second.
-* `curve-vllm-max-num-seqs`: closed-loop levels of 1 -> 48 streams, 20 s each, on an engine that
-  runs at most 16 requests (`--max-num-seqs 16`): the knee's truth is where running pins at 16
-  while requests wait (the poller's running and waiting means per level).
+* `curve-vllm-max-num-seqs` (and `-long`): closed-loop levels of 1 -> 48 streams, 20 s (90 s) each,
+  on an engine that runs at most 16 requests (`--max-num-seqs 16`): the knee's truth is where
+  running pins at 16 while requests wait (the poller's running and waiting means per level).
 * `curve-vllm-config-changes`: one engine under the same closed-loop load through four phases,
   restarted on the same port between them: roomy KV (256 blocks) -> a much smaller KV budget
   (`--num-gpu-blocks-override 20`) -> roomy again -> roomy again (same flags, restarted).
@@ -68,7 +68,8 @@ STAIRS = (1, 2, 4, 8, 16)
 STAIR_S = 50.0
 CAPPED = replace(ROOMY, max_num_seqs=16)
 CAPPED_STAIRS = (1, 2, 4, 8, 16, 24, 32, 48)
-CAPPED_STAIR_S = 20.0
+KNEE_DWELL = {"curve-vllm-max-num-seqs": 20.0, "curve-vllm-max-num-seqs-long": 90.0}
+"""The knee recordings: seconds per level (the long one gives 3-6 intervals a level at 15-30 s scrapes)."""
 PHASE_S = 80.0
 CHANGE_STREAMS = 10
 CHANGE_PHASES = (("roomy", ROOMY), ("tiny-kv", TINY_KV), ("roomy-again", ROOMY), ("same-restart", ROOMY))
@@ -138,6 +139,10 @@ SHAPES: dict[str, tuple[str, tuple[tuple[Seg, ...], ...]]] = {  # name: (summary
         "closed-loop stairs 1, 4, 16, 4 streams, 90 s each, twice per phase (12 minutes)",
         (_stairs((1, 4, 16, 4) * 2, 90),) * 4,
     ),
+    "curve-shape-stairs-10-long": (  # stairs-10's 10 s dwell over long sides: 10 minutes each
+        "closed-loop stairs 1, 2, 4, 8, 16 streams, 10 s each, 12 times per phase (10 minutes)",
+        (_stairs(STAIRS * 12, 10),) * 4,
+    ),
     "curve-shape-mid-ramp": (
         "one closed-loop ramp 1 -> 16 -> 1 streams (10 s steps) that the restarts cut in the middle: "
         "1, 2, 4, 8 | 4, 8, 12, 16 | 16, 12, 8, 4 | 8, 4, 2, 1",
@@ -167,80 +172,111 @@ SHAPE_CONTROL = {
     "why": "one engine, no restart, no config change: a window cut to the first phase has nothing to judge",
 }
 
-SUMMARY = {
-    "curve-vllm-staircase": "one roomy engine, closed-loop levels of 1, 2, 4, 8, 16 streams (50 s each): the "
-    "operating curve against two truths per level",
-    "curve-vllm-config-changes": "one engine at 10 streams through 4 phases, restarted between them: roomy KV -> "
-    "--num-gpu-blocks-override 20 -> roomy again -> roomy again (same flags)",
-    "curve-vllm-max-num-seqs": "one engine with --max-num-seqs 16, closed-loop levels of 1, 2, 4, 8, 16, 24, 32, 48 "
-    "streams (20 s each): the knee against where running pins at its cap while requests wait",
-} | {
-    name: f"{summary}; per phase, one engine restarted between: roomy -> roomy (same flags) -> "
-    "--num-gpu-blocks-override 20 -> roomy"
-    for name, (summary, _) in SHAPES.items()
-}
-RULES_EXPECTED = {  # what the diagnosis rules should say (tests/unit/test_diagnose_recordings.py)
-    "curve-vllm-staircase": "no warning",
-    "curve-vllm-max-num-seqs": "not judged here (the curve's knee is this recording's subject)",
-    "curve-vllm-config-changes": [
-        {"levers": ["K1", "K2", "K3"], "phase": "tiny-kv", "why": "20 KV blocks for 10 streams: KV full, preemptions"}
-    ],
-} | {
-    name: [
-        {
-            "levers": ["K1", "K2", "K3"],
-            "phase": "tiny-kv",
-            "why": "20 KV blocks under up to 16 streams (or a burst of arrivals): KV full, preemptions",
-        }
-    ]
-    for name in SHAPES
-}
-EXPECTED = {
-    "curve-vllm-max-num-seqs": {
-        "truth": "per level: the engine's running and waiting polled once a second (engine_running_mean, "
-        "engine_waiting_mean), its own TTFT histogram over the level, and the client's TTFT",
-        "knee": "saturation is the first level whose engine running mean is within one request of 16 with "
-        "requests waiting (mean >= 0.5); kvscope's knee lies within one level of it (between the in-flight "
-        "means of the levels before and after), placed by a sign the engine exports",
-    },
-    "curve-vllm-staircase": {
-        "truth": "per level: the engine's own TTFT histogram over the level (engine_ttft_*), and the load "
-        "driver's client-side TTFT (client_ttft_*), both computed by testbed/curve_record.py",
-        "points": "kvscope's TTFT p50/p99 at each level's concurrency bucket agree with the engine's histogram "
-        "truth of the level (the same histogram, merged over the bucket's intervals)",
-        "knee": "only where the engine truth shows TTFT p99 leaving p50 from one level to the next with requests "
-        "waiting; the client's TTFT is not a knee truth here (the one API-server process on 2 cores, not the "
-        "engine, sets it), and no knee is to be invented where the engine is not the bottleneck",
-    },
-    "curve-vllm-config-changes": {
-        "changes": [
-            {
-                "after_phase": "tiny-kv",
-                "kind": "config",
-                "diff": "kv_capacity_tokens 8192 -> 640",
-                "verdict": "regression",
-                "finding": "regression_after_change",
-                "why": "20 KV blocks hold ~3 of the 10 streams' requests: the rest wait, TTFT p99 rises at the "
-                "same requests in the engine",
-            },
-            {"after_phase": "roomy-again", "kind": "config", "verdict": "improvement", "why": "the inverse change"},
-            {
-                "after_phase": "same-restart",
-                "kind": "restart",
-                "verdict": "no_change",
-                "why": "same flags, same load: a restart alone changes nothing at matched load",
-            },
-        ],
-    },
-} | {
-    name: {
-        "truth": "per phase and per segment: the engine's own TTFT histogram (engine_ttft_*), its running and "
-        "waiting polled once a second, the client's TTFT, and the host's CPU busy share (host_cpu_busy_pct)",
-        "changes": SHAPE_CHANGES,
-        "control": SHAPE_CONTROL,
+SUMMARY = (
+    {
+        "curve-vllm-staircase": "one roomy engine, closed-loop levels of 1, 2, 4, 8, 16 streams (50 s each): the "
+        "operating curve against two truths per level",
+        "curve-vllm-config-changes": "one engine at 10 streams through 4 phases, restarted between them: roomy KV -> "
+        "--num-gpu-blocks-override 20 -> roomy again -> roomy again (same flags)",
     }
-    for name in SHAPES
-}
+    | {
+        name: "one engine with --max-num-seqs 16, closed-loop levels of 1, 2, 4, 8, 16, 24, 32, 48 streams "
+        f"({dwell:.0f} s each): the knee against where running pins at its cap while requests wait"
+        for name, dwell in KNEE_DWELL.items()
+    }
+    | {
+        name: f"{summary}; per phase, one engine restarted between: roomy -> roomy (same flags) -> "
+        "--num-gpu-blocks-override 20 -> roomy"
+        for name, (summary, _) in SHAPES.items()
+    }
+)
+RULES_EXPECTED = (
+    {  # what the diagnosis rules should say (tests/unit/test_diagnose_recordings.py)
+        "curve-vllm-staircase": "no warning",
+    }
+    | {
+        name: [
+            {
+                "levers": ["L2"],
+                "phase": "streams-48",
+                "why": "written after the 20 s run, for the scenario: past 24 streams the engine is the bottleneck, "
+                "requests wait and TTFT p50 and p99 both rise (load beyond one engine: resize from a fresh curve)",
+            }
+        ]
+        for name in KNEE_DWELL
+    }
+    | {
+        "curve-vllm-config-changes": [
+            {
+                "levers": ["K1", "K2", "K3"],
+                "phase": "tiny-kv",
+                "why": "20 KV blocks for 10 streams: KV full, preemptions",
+            }
+        ],
+    }
+    | {
+        name: [
+            {
+                "levers": ["K1", "K2", "K3"],
+                "phase": "tiny-kv",
+                "why": "20 KV blocks under up to 16 streams (or a burst of arrivals): KV full, preemptions",
+            }
+        ]
+        for name in SHAPES
+    }
+)
+EXPECTED = (
+    {
+        name: {
+            "truth": "per level: the engine's running and waiting polled once a second (engine_running_mean, "
+            "engine_waiting_mean), its own TTFT histogram over the level, and the client's TTFT",
+            "knee": "saturation is the first level whose engine running mean is within one request of 16 with "
+            "requests waiting (mean >= 0.5); kvscope's knee lies within one level of it (between the in-flight "
+            "means of the levels before and after), placed by a sign the engine exports",
+        }
+        for name in KNEE_DWELL
+    }
+    | {
+        "curve-vllm-staircase": {
+            "truth": "per level: the engine's own TTFT histogram over the level (engine_ttft_*), and the load "
+            "driver's client-side TTFT (client_ttft_*), both computed by testbed/curve_record.py",
+            "points": "kvscope's TTFT p50/p99 at each level's concurrency bucket agree with the engine's histogram "
+            "truth of the level (the same histogram, merged over the bucket's intervals)",
+            "knee": "only where the engine truth shows TTFT p99 leaving p50 from one level to the next with requests "
+            "waiting; the client's TTFT is not a knee truth here (the one API-server process on 2 cores, not the "
+            "engine, sets it), and no knee is to be invented where the engine is not the bottleneck",
+        },
+        "curve-vllm-config-changes": {
+            "changes": [
+                {
+                    "after_phase": "tiny-kv",
+                    "kind": "config",
+                    "diff": "kv_capacity_tokens 8192 -> 640",
+                    "verdict": "regression",
+                    "finding": "regression_after_change",
+                    "why": "20 KV blocks hold ~3 of the 10 streams' requests: the rest wait, TTFT p99 rises at the "
+                    "same requests in the engine",
+                },
+                {"after_phase": "roomy-again", "kind": "config", "verdict": "improvement", "why": "the inverse change"},
+                {
+                    "after_phase": "same-restart",
+                    "kind": "restart",
+                    "verdict": "no_change",
+                    "why": "same flags, same load: a restart alone changes nothing at matched load",
+                },
+            ],
+        },
+    }
+    | {
+        name: {
+            "truth": "per phase and per segment: the engine's own TTFT histogram (engine_ttft_*), its running and "
+            "waiting polled once a second, the client's TTFT, and the host's CPU busy share (host_cpu_busy_pct)",
+            "changes": SHAPE_CHANGES,
+            "control": SHAPE_CONTROL,
+        }
+        for name in SHAPES
+    }
+)
 
 
 def scrape(url: str) -> str:
@@ -396,7 +432,7 @@ def record(name: str, out_dir: Path) -> Path:
     work = Path(tempfile.mkdtemp(prefix="kvs-curve-"))
     rec_path = out_dir / f"{name}.om.gz"
     phases: list[dict] = []
-    cfg = {"curve-vllm-staircase": ROOMY, "curve-vllm-max-num-seqs": CAPPED}.get(name, CHANGE_PHASES[0][1])
+    cfg = ROOMY if name == "curve-vllm-staircase" else CAPPED if name in KNEE_DWELL else CHANGE_PHASES[0][1]
     restarts = SHAPE_PHASES if name in SHAPES else CHANGE_PHASES
     srv = VllmServer(cfg, startup_timeout_s=900)
     _start(srv)
@@ -410,9 +446,10 @@ def record(name: str, out_dir: Path) -> Path:
         poller.start()
         if name.endswith("staircase"):
             phases = [level(srv, n, STAIR_S, poller, i) | {"name": f"streams-{n}"} for i, n in enumerate(STAIRS)]
-        elif name == "curve-vllm-max-num-seqs":
+        elif name in KNEE_DWELL:
             phases = [
-                level(srv, n, CAPPED_STAIR_S, poller, i) | {"name": f"streams-{n}"} for i, n in enumerate(CAPPED_STAIRS)
+                level(srv, n, KNEE_DWELL[name], poller, i) | {"name": f"streams-{n}"}
+                for i, n in enumerate(CAPPED_STAIRS)
             ]
         else:
             for i, (phase, c) in enumerate(restarts):

@@ -283,6 +283,13 @@ def step_moved(step: dict | None, th: Thresholds) -> int:
     return next((sign for sign in (+1, -1) if _beyond(step, sign, -np.inf, th.relative)), 0)
 
 
+def step_held(step: dict | None, th: Thresholds) -> bool:
+    """The engine's step time shown unchanged: its whole relative interval within the relative
+    threshold (True where no step or no interval was read: nothing to divide out)."""
+    iv = (step or {}).get("relative_interval")
+    return iv is None or (-th.relative < iv[0] and iv[1] < th.relative)
+
+
 def verdict(
     d: dict, th: Thresholds = Thresholds(), mix: dict | None = None, step: dict | None = None
 ) -> tuple[str, list[str], list[str]]:
@@ -291,6 +298,8 @@ def verdict(
     time moved (`step_moved`), the metrics that moved its way (worse on a slower machine, better
     on a faster one) are the machine's speed as much as the engine's and are not counted; those
     that moved against it count where the reading with the step's ratio divided out has them too.
+    Where the step neither moved nor was shown held (`step_held`: its interval reaches past the
+    threshold), a metric counts only where the reading with the step divided out has it too.
     None left and some explained by the step: `not_comparable` (the reason says why). `no_change`
     only where every metric's interval excludes a change beyond the thresholds (`undecided`: else
     `not_comparable`, the data cannot decide)."""
@@ -300,15 +309,16 @@ def verdict(
     if v == "no_change" and undecided(d, th):
         return "not_comparable", [], []
     moved = step_moved(step, th)
-    if v == "no_change" or not moved:
+    if v == "no_change" or (not moved and step_held(step, th)):
         return v, worse, better
     assert step is not None
     _, worse2, better2 = _read(step["scaled"], th)
-    if moved > 0:  # slower: its worse metrics are explained; better ones against it count
-        kept = [m for m in better if m in better2]
-        return ("improvement", [], kept) if kept else ("not_comparable", [], [])
-    kept = [m for m in worse if m in worse2]
-    return ("regression", kept, []) if kept else ("not_comparable", [], [])
+    # slower (moved > 0): its worse metrics are explained; faster: its better ones
+    worse = [m for m in worse if m in worse2] if moved <= 0 else []
+    better = [m for m in better if m in better2] if moved >= 0 else []
+    if worse:
+        return "regression", worse, better
+    return ("improvement", [], better) if better else ("not_comparable", [], [])
 
 
 ORDERED = ("ttft_p99_s",)

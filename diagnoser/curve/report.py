@@ -17,6 +17,7 @@ from kvscope.diagnoser.curve.compare import (
     deltas,
     gated,
     mix_differs,
+    step_held,
     step_moved,
     undecided,
     verdict,
@@ -212,6 +213,13 @@ def _reason(v: str, d: dict, mix: dict, step: dict | None, th: Thresholds) -> st
             f"same batch ({100 * (step['relative'] or 0):+.0f}%), and a machine that got "
             f"{'slower' if step_moved(step, th) > 0 else 'faster'} (a noisy neighbour) moves the metrics that moved "
             "as a setting the engine does not export does: the window cannot tell them apart"
+        )
+    if step is not None and not step_held(step, th) and not undecided(d, th):
+        lo, hi = _rel(step)
+        return (
+            f"the engine's step time may have moved: mean ITL {step['before']:.3g} -> {step['after']:.3g} s at "
+            f"the same batch ({100 * lo:+.0f}..{100 * hi:+.0f}%), and with it divided out no metric clears the "
+            "thresholds: a machine that got faster or slower (a noisy neighbour, a starved API server) is not ruled out"
         )
     if open_ := undecided(d, th):
         said = ", ".join(f"{m} {100 * lo:+.0f}..{100 * hi:+.0f}%" for m in open_ for lo, hi in [_rel(d[m])])

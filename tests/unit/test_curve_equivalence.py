@@ -53,3 +53,22 @@ def test_an_undecided_change_says_how_much_more_traffic_would_settle_it():
     assert more["after"]["more_seconds"] == 30 * 15.0
     d["ttft_p99_s"] |= {"delta": 0.101, "relative": 0.105}
     assert more_to_settle(d, Thresholds(), at, 15.0) == []
+
+
+def test_a_gain_the_step_may_explain_is_no_verdict_where_the_step_was_not_shown_held():
+    """stairs-10-long's same-flags restart: output tokens/s +12..+39 % at matched concurrency while
+    the mean ITL at the same batch went -15..-6 %: not beyond -10 % in full (not `moved`), nor
+    within it (not shown held). With the step divided out the gain is -0..+26 %: the machine (there
+    the API server starved the engine before the restart) is not ruled out, so no engine verdict.
+    Where the step's interval lies within the threshold, the same gain is an improvement."""
+    from kvscope.diagnoser.curve.compare import step_held, verdict
+
+    d = {"output_tokens_per_s": _d([71.6, 203.5], [0.12, 0.39])}
+    step = _d([-0.00034, -0.00012], [-0.149, -0.059]) | {
+        "scaled": {"output_tokens_per_s": _d([-0.6, 140.0], [-0.001, 0.257])}
+    }
+    assert not step_held(step, Thresholds())
+    assert verdict(d, Thresholds(), None, step) == ("not_comparable", [], [])
+    step["relative_interval"] = [-0.08, -0.02]
+    assert step_held(step, Thresholds())
+    assert verdict(d, Thresholds(), None, step) == ("improvement", [], ["output_tokens_per_s"])
