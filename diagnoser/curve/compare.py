@@ -114,8 +114,11 @@ def _requests(iv: Intervals, rows: np.ndarray) -> float:
     return 0.0 if count is None else float(np.nansum(count[rows]))
 
 
-def _pool_at(before: Intervals, after: Intervals, m: Matched, a_load: Load) -> At:
-    ks = np.concatenate([placed(before)[0][m.rows_b], placed(after)[0][m.rows_a]])
+def _pool_at(
+    before: Intervals, after: Intervals, buckets: tuple[np.ndarray, np.ndarray], m: Matched, a_load: Load
+) -> At:
+    """A pool as one matched bucket (`buckets`: each side's bucket per interval, `placed`)."""
+    ks = np.concatenate([buckets[0][m.rows_b], buckets[1][m.rows_a]])
     return At(
         (float(EDGES[ks.min()]), float(EDGES[ks.max() + 1])),
         round(a_load.concurrency, 3),
@@ -152,7 +155,9 @@ def deltas(
     out = _rows_deltas(before_iv, after_iv, dense + pooled, tuple(METRICS), reps, only=only)
     matched = [At(a.bucket, a.concurrency, (b.intervals, a.intervals), (b.requests or 0.0, a.requests or 0.0))
                for b, a in pairs]  # fmt: skip
-    matched += [_pool_at(before_iv, after_iv, m, a) for m, (_, a) in zip(pooled, loads, strict=True)]
+    if pooled:
+        buckets = placed(before_iv)[0], placed(after_iv)[0]
+        matched += [_pool_at(before_iv, after_iv, buckets, m, a) for m, (_, a) in zip(pooled, loads, strict=True)]
     return out, matched, _mix(reps), _step_time(reps, out)
 
 
