@@ -21,7 +21,6 @@ import os
 import re
 import reprlib
 import threading
-from collections import Counter
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -29,7 +28,7 @@ import aiohttp
 import yarl
 from multidict import CIMultiDictProxy
 
-from kvscope.core.resolve import ResolverStuck, ThreadResolver, connector, dns_unanswered
+from kvscope.core.resolve import Connector, ResolverStuck, ThreadResolver, dns_unanswered
 
 T = TypeVar("T")
 
@@ -93,7 +92,7 @@ def new_session(**options: Any) -> aiohttp.ClientSession:
     cookies, a new connection per read (`force_close`: no stale kept-alive socket), status and
     header lines of at most MAX_FIELD bytes; time is bounded by each read's deadline."""
     return aiohttp.ClientSession(
-        connector=connector(force_close=True, **options),
+        connector=Connector(force_close=True, **options),
         timeout=aiohttp.ClientTimeout(total=None),
         cookie_jar=aiohttp.DummyCookieJar(),
         max_line_size=MAX_FIELD,
@@ -117,35 +116,6 @@ async def read(
     `headers_only` skips the body. `too_large` says what to do about an answer past `max_bytes`
     (default: TOO_LARGE, a range query's remedies)."""
     host = host_of(url)
-    _reading[host] += 1
-    try:
-        return await _read(session, url, host, what, timeout_s, max_bytes, data, headers_only, too_large)
-    finally:
-        _reading[host] -= 1
-        if not _reading[host]:
-            del _reading[host]
-
-
-_reading: Counter[str | None] = Counter()
-"""Reads in flight by host name (on the loops that run them)."""
-
-
-def reads_waiting_on(host: str) -> int:
-    """How many reads of `host` wait on its name lookup now (0 once the resolver answered)."""
-    return _reading.get(host, 0) if lookups().unanswered.get(host, 0) else 0
-
-
-async def _read(
-    session: aiohttp.ClientSession,
-    url: str,
-    host: str | None,
-    what: str,
-    timeout_s: float,
-    max_bytes: int,
-    data: bytes | None,
-    headers_only: bool,
-    too_large: str,
-) -> tuple[bytearray, Headers]:
     asked = {"Accept-Encoding": "identity", "User-Agent": "kvscope"}
     if data is not None:
         asked["Content-Type"] = "application/x-www-form-urlencoded"

@@ -133,7 +133,8 @@ class ThreadResolver(AbstractResolver):
 
 
 class Connector(aiohttp.TCPConnector):
-    """An aiohttp TCPConnector whose names are looked up by its own ThreadResolver (`lookups`)."""
+    """An aiohttp TCPConnector whose names are looked up by its own ThreadResolver (`lookups`):
+    what every HTTP client of the agent, `kvscope serve` and the diagnoser's reads connects through."""
 
     def __init__(self, **options: Any) -> None:
         self.lookups = ThreadResolver()
@@ -166,12 +167,6 @@ def daemon_call(fn: Callable[..., T], *args: Any, name: str) -> asyncio.Future[T
 
     threading.Thread(target=main, name=name, daemon=True).start()
     return done
-
-
-def connector(**options: Any) -> Connector:
-    """An aiohttp connector (TCPConnector `options`) whose names are looked up by a ThreadResolver:
-    what every HTTP client of the agent and `kvscope serve` connects through."""
-    return Connector(**options)
 
 
 def dns_unanswered(session: aiohttp.ClientSession, host: str | None) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from kvscope.core.net import host_of
-from kvscope.core.resolve import connector, dns_unanswered
+from kvscope.core.resolve import Connector, dns_unanswered
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 """Ask for text 0.0.4 only (the parser reads OpenMetrics too, if a server sends it anyway).
@@ -115,7 +115,7 @@ def new_session() -> aiohttp.ClientSession:
     no cookies, no proxies, no redirects; time is bounded by each read's timeout; names looked up
     on bounded threads of their own (core/resolve.py)."""
     return aiohttp.ClientSession(
-        connector=connector(limit=0, keepalive_timeout=300),
+        connector=Connector(limit=0, keepalive_timeout=300),
         timeout=aiohttp.ClientTimeout(total=None),
         cookie_jar=aiohttp.DummyCookieJar(),
         headers={"User-Agent": "kvscope"},

@@ -13,7 +13,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from kvscope.agent.traces.otlp import Span
 from kvscope.agent.traces.stitch import RequestRecord
-from kvscope.core.resolve import connector
+from kvscope.core.resolve import Connector
 
 SCOPE = "kvscope.traces.stitch"
 _INTERNAL = 1
@@ -119,7 +119,7 @@ class SpanBatchExporter:
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(connector=connector(), timeout=timeout) as session:
+        async with aiohttp.ClientSession(connector=Connector(), timeout=timeout) as session:
             try:
                 while True:
                     await asyncio.sleep(self.interval_s)

@@ -29,7 +29,7 @@ from kvscope.agent.traces.export import encode_spans, render_phase_spans
 from kvscope.agent.traces.otlp import JSON, OtlpDecodeError, decompress, parse_otlp_traces
 from kvscope.agent.traces.stitch import RequestRecord, StitchConfig, TraceStitcher, observe_phases
 from kvscope.agent.traces.tenants import TenantAccounting
-from kvscope.core.resolve import connector
+from kvscope.core.resolve import Connector
 from kvscope.core.scalars import parse_duration
 
 log = logging.getLogger("kvscope.traces")
@@ -141,7 +141,7 @@ class OtlpTraceReceiver:
         if self.config.forward_url or self.config.stitched_url:
             self._forward_q = asyncio.Queue(self.config.forward_queue)
             self._session = aiohttp.ClientSession(
-                connector=connector(), timeout=aiohttp.ClientTimeout(total=self.config.forward_timeout_s)
+                connector=Connector(), timeout=aiohttp.ClientTimeout(total=self.config.forward_timeout_s)
             )
             self._tasks.append(asyncio.create_task(self._forward_loop()))
         log.info("OTLP receiver listening on %s:%s", host, site.port)

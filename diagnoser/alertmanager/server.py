@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvscope.core.net import lookups, printable
-from kvscope.core.resolve import connector, daemon_call
+from kvscope.core.resolve import Connector, daemon_call
 from kvscope.diagnoser.alertmanager.payload import (
     MAX_ALERTS,
     NO_DATA_HEADLINE,
@@ -125,7 +125,7 @@ class WebhookServer:
         self.queue = asyncio.Queue(maxsize=self.config.queue_size)
         for row_id in self.store.pending(self.config.queue_size):  # left over from a stop
             self.queue.put_nowait(row_id)
-        self.session = aiohttp.ClientSession(connector=connector())
+        self.session = aiohttp.ClientSession(connector=Connector())
         self._workers = [asyncio.create_task(self._run_worker()) for _ in range(max(1, self.config.workers))]
 
     async def _stop(self, app: web.Application) -> None:

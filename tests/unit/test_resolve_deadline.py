@@ -196,8 +196,9 @@ def test_reads_of_one_name_share_its_lookup(stuck_resolver):
         for reader in readers:
             reader.start()
         pause = threading.Event()
-        while all(r.is_alive() for r in readers) and http.reads_waiting_on(f"prom-shared{STUCK}") < 12:
-            pause.wait(0.01)  # until all 12 wait on the resolver
+        while all(r.is_alive() for r in readers) and not _resolve_threads():
+            pause.wait(0.01)  # until the first lookup waits on the resolver
+        pause.wait(0.5)  # the other readers reach it meanwhile (any later one joins the same lookup)
         assert [t.name for t in _resolve_threads()] == [f"resolve prom-shared{STUCK}"]
         stuck_resolver.set()
         for reader in readers:
