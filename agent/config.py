@@ -252,14 +252,15 @@ class Layers:
         return f" (from {self.origin[path]})" if path in self.origin else ""
 
 
-def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load the YAML file (safe_load). Raises ConfigError for unreadable or non-mapping files."""
+def read_config_file(path: str | os.PathLike[str], flag: str = "--config") -> dict[str, Any]:
+    """Load the YAML file `flag` names (bounded, safe_load). Raises ConfigError for unreadable or
+    non-mapping files."""
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
-        raise ConfigError(f"--config {path}: cannot read: {e.strerror or e}") from e
-    return parse_config_yaml(raw, f"--config {path}")
+        raise ConfigError(f"{flag} {path}: cannot read: {e.strerror or e}") from e
+    return parse_config_yaml(raw, f"{flag} {path}")
 
 
 def parse_config_yaml(raw: bytes, where: str) -> dict[str, Any]:
@@ -415,29 +416,19 @@ def _validate(layers: Layers, known_collectors: Mapping[str, bool] | None) -> Ag
     return cfg
 
 
-def check_section_typos(doc: Any) -> None:
-    """Unknown top-level sections are kept for extensions, but one spelled like a known section
-    (`scrapes:`, `colectors:`) is a typo that would silently run on defaults: ConfigError."""
-    if not isinstance(doc, dict):
-        return
-    known = {"listen_address", *SECTIONS, *_EXTENSIONS}
-    for name in doc:
-        if name in known:
-            continue
-        close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.75)
-        if close:
-            raise ConfigError(
-                f"{name}: unknown section; did you mean {close[0]}? (sections: {', '.join(sorted(known))})"
-            )
-
-
 def _check_sections(layers: Layers, cfg: AgentConfig) -> None:
+    """Unknown top-level sections are kept for extensions, with a warning, but one spelled like a
+    known section (`scrapes:`, `colectors:`) is a typo that would silently run on defaults."""
+    known = sorted({"listen_address", *SECTIONS, *_EXTENSIONS})
     for name, value in layers.doc.items():
         if name == "listen_address" or name in SECTIONS:
             continue
         validate = _EXTENSIONS.get(name)
         cfg.extensions[name] = validate(value) if validate else value
         if name not in _EXTENSIONS:
+            close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.75)
+            if close:
+                raise ConfigError(f"{name}: unknown section; did you mean {close[0]}? (sections: {', '.join(known)})")
             cfg.warnings.append(
                 f"{name}: unknown section, kept for extensions (declared: listen_address, {', '.join(SECTIONS)})"
             )

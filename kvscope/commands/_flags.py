@@ -11,13 +11,7 @@ import argparse
 from typing import Any
 
 from kvscope.agent.collectors.base import collector_option_help
-from kvscope.agent.config import (
-    AgentConfig,
-    build_config,
-    check_section_typos,
-    describe_keys,
-    read_config_file,
-)
+from kvscope.agent.config import AgentConfig, build_config, describe_keys, read_config_file
 from kvscope.core.signals import load_catalog
 
 ENV_HELP = f"""\
@@ -123,6 +117,4 @@ def flags_of(args: argparse.Namespace) -> list[tuple[str, Any, str]]:
 def config_from_args(args: argparse.Namespace, collectors: dict[str, bool] | None) -> AgentConfig:
     """Read --config (if any), apply env and flags, validate. Raises ConfigError."""
     doc = read_config_file(args.config) if args.config else {}
-    config = build_config(doc, flags=flags_of(args), known_collectors=collectors)
-    check_section_typos(doc)
-    return config
+    return build_config(doc, flags=flags_of(args), known_collectors=collectors)

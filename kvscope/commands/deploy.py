@@ -53,24 +53,16 @@ def parse_template(text: str, environ: Mapping[str, str]) -> str:
 def check_agent_config(text: str, origin: str) -> list[str]:
     """Raise DeployError unless `text` is a configuration the agent accepts; return its warnings.
 
-    Validation is the agent's own (`build_config`), with every collector and extension loaded
-    (`known_collectors`), so their config sections (the OTLP receiver's `otlp:`) are known.
+    Parsing and validation are the agent's own (`parse_config_yaml`, `build_config`), with every
+    collector and extension loaded (`known_collectors`), so their config sections (the OTLP
+    receiver's `otlp:`) are known.
     """
-    from kvscope.agent.config import ConfigError, build_config
+    from kvscope.agent.config import ConfigError, build_config, parse_config_yaml
     from kvscope.agent.runtime import known_collectors
 
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise DeployError(f"{origin}: not valid YAML after rendering: {e}") from e
-    if not isinstance(doc, dict):
-        raise DeployError(f"{origin}: the rendered configuration must be a mapping of sections")
-    from kvscope.agent.config import check_section_typos
-
-    try:
-        warnings = list(build_config(doc, environ={}, known_collectors=known_collectors()).warnings)
-        check_section_typos(doc)
-        return warnings
+        doc = parse_config_yaml(text.encode(), "after rendering")  # as the agent will read it
+        return list(build_config(doc, environ={}, known_collectors=known_collectors()).warnings)
     except ConfigError as e:
         raise DeployError(f"{origin}: {e}") from e
 

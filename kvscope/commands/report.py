@@ -108,15 +108,14 @@ def _check_source(args: argparse.Namespace) -> None:
 def read_gpu_mapping(args: argparse.Namespace) -> dict:
     """The --gpu-mapping file (bounded YAML), validated the way the agent validates its gpu_mapping.
     Raises ValueError (usage) or FileNotFoundError."""
-    from kvscope.agent.config import MAX_CONFIG_BYTES, parse_config_yaml, parse_gpu_mapping
+    from kvscope.agent.config import parse_gpu_mapping, read_config_file
 
     if not args.recording:
         raise ValueError("--gpu-mapping: only with --recording (the agent applies its own gpu_mapping)")
     if not args.gpu_mapping.is_file():
         raise FileNotFoundError(f"--gpu-mapping: {args.gpu_mapping} does not exist")
     try:
-        with args.gpu_mapping.open("rb") as fh:
-            raw = parse_config_yaml(fh.read(MAX_CONFIG_BYTES + 1), f"--gpu-mapping {args.gpu_mapping}")
+        raw = read_config_file(args.gpu_mapping, "--gpu-mapping")
         parse_gpu_mapping(raw)
     except ValueError as exc:  # ConfigError included
         raise ValueError(f"{exc} (expected e.g. 'GPU-8f2c...: replica-0' per line)") from None
