@@ -15,23 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvscope.core.scalars import parse_duration
+from kvscope.core.scalars import UNIT_S, parse_duration
 
 RANGE_EDGE_S = 0.001
 """How much longer than the rule's range every PromQL range is written (`range_text`)."""
 
 
-PROM_UNITS_MS: tuple[tuple[str, int, bool], ...] = (
-    ("y", 365 * 86_400_000, True),
-    ("w", 7 * 86_400_000, True),
-    ("d", 86_400_000, False),
-    ("h", 3_600_000, False),
-    ("m", 60_000, False),
-    ("s", 1000, False),
-    ("ms", 1, False),
-)
-"""Prometheus' duration units, largest first, and whether a unit is written only when it divides
-the whole duration (years and weeks: `90d`, not `12w6d`)."""
+EXACT_UNITS = ("y", "w")
+"""Units written only where they divide the whole duration (years and weeks: `90d`, not `12w6d`)."""
 
 
 def prom_duration(value: Any) -> str:
@@ -40,8 +31,8 @@ def prom_duration(value: Any) -> str:
     `1m30s`, `1h5m`, `1d`, `200ms`, `7s500ms`."""
     ms = int(round(parse_duration(value) * 1000))
     left, parts = ms, []
-    for unit, size, exact in PROM_UNITS_MS:
-        if exact and ms % size:
+    for unit, size in sorted(((u, round(sec * 1000)) for u, sec in UNIT_S.items()), key=lambda us: -us[1]):
+        if unit in EXACT_UNITS and ms % size:
             continue
         n, left = divmod(left, size)
         if n:
