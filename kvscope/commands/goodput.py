@@ -48,11 +48,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         since = read_source_flags(args)
         objectives = objectives_from_args(args)
-        if args.recording:
-            check_recording(args.recording)
     except ValueError as exc:
         return fail("goodput", exc, 3)
-    except (OSError, EOFError, zlib.error) as exc:
+    except OSError as exc:
+        return fail("goodput", exc, 4)
+    try:
+        if args.recording:
+            check_recording(args.recording)
+    except (ValueError, OSError) as exc:
         return fail("goodput", exc, 4)
     from kvscope.diagnoser.goodput import SIGNALS, pool_goodput, render_text
     from kvscope.diagnoser.sources import SourceError

@@ -69,6 +69,12 @@ def test_a_truncated_gzip_recording_is_said_without_a_traceback(capsys, tmp_path
     assert code == 4 and f"recording {cut} is truncated or corrupt" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", ["diagnose", "curve", "goodput"])
+def test_a_missing_recording_is_a_source_not_read(capsys, tmp_path, command):
+    code, err = run_cli(capsys, command, "--recording", str(tmp_path / "none.om.gz"))
+    assert code == 4 and "does not exist" in err and "Traceback" not in err, (code, err)
+
+
 def test_binary_file_is_called_binary(tmp_path):
     blob = tmp_path / "blob.om"
     blob.write_bytes(b"\x7fELF\x02\x01\x00\x00" * 8)
@@ -326,9 +332,10 @@ def test_record_exits_non_zero_when_every_scrape_failed(capsys, tmp_path):
 
 
 def test_an_unrelated_unknown_section_is_still_kept_for_extensions():
-    from kvscope.agent.config import check_section_typos
+    from kvscope.agent.config import build_config
 
-    check_section_typos({"my_extension": {"a": 1}, "scrape": {}})  # no error: not a near miss
+    cfg = build_config({"my_extension": {"a": 1}, "scrape": {}}, environ={})  # no error: not a near miss
+    assert cfg.extensions["my_extension"] == {"a": 1}, cfg.extensions
 
 
 def test_render_config_refuses_a_misspelt_section():
