@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -47,8 +48,9 @@ def fmt_clock(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(ts))
 
 
-def fmt_where(f: Finding) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(f.where.items())) or "fleet"
+def fmt_where(where: Mapping[str, str]) -> str:
+    """Where a finding is: its labels, or "fleet" for a fleet-wide one (no labels at all)."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(where.items())) or "fleet"
 
 
 def _shipped() -> dict[str, Rule]:
@@ -187,7 +189,7 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
     if f.summary.strip() != f.title.strip():
         rows.append(Text(f.summary))
     rows.append(
-        Text(f"where: {fmt_where(f)}    since: {fmt_time(f.since)} ({state}, {fmt_duration(f.until - f.since)})")
+        Text(f"where: {fmt_where(f.where)}    since: {fmt_time(f.since)} ({state}, {fmt_duration(f.until - f.since)})")
     )
     if f.cascade:
         c = f.cascade
@@ -400,7 +402,7 @@ def _print_other(console: Console, other: tuple[Finding, ...]) -> None:
         for worst, members in group_repeats(other):
             console.print(
                 f"  [{_STYLE.get(worst.severity, '')}]{worst.severity:8}[/] "
-                f"{worst.title} ({_where_of(members)}) - {_other_detail(worst, len(members))}"
+                f"{worst.title} ({where_of(members)}) - {_other_detail(worst, len(members))}"
             )
 
 
@@ -421,9 +423,10 @@ def _overruled_text(d: Diagnosis) -> str:
     )
 
 
-def _where_of(members: list[Finding]) -> str:
+def where_of(members: Sequence[Finding]) -> str:
+    """Where a rule fired: one finding's place, or for several instances how many and which."""
     if len(members) == 1:
-        return fmt_where(members[0])
+        return fmt_where(members[0].where)
     rest = ", ".join(f"{k}={v}" for k, v in sorted(members[0].where.items()) if k != "instance")
     names = ", ".join(m.where["instance"] for m in members)
     return f"{len(members)} instances: {names}" + (f"; {rest}" if rest else "")
@@ -438,4 +441,4 @@ def what_text(f: Finding) -> str:
 
 
 def _other_detail(worst: Finding, n: int) -> str:
-    return (f"worst ({fmt_where(worst)}): " if n > 1 else "") + what_text(worst)
+    return (f"worst ({fmt_where(worst.where)}): " if n > 1 else "") + what_text(worst)

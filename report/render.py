@@ -15,7 +15,7 @@ import pandas as pd
 from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.actions import lever_heading, plan
 from kvscope.diagnoser.findings import LeverAdvice, confidence_words
-from kvscope.diagnoser.render import fmt_duration
+from kvscope.diagnoser.render import fmt_duration, fmt_where, where_of
 from kvscope.report.weekly import TENANT_SLO, UTILISATION_TRAP, Incident, WeekChanges, WeeklyReport
 
 if TYPE_CHECKING:
@@ -140,11 +140,6 @@ def _table(df: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: st
     ]
 
 
-def finding_where(where: dict[str, str]) -> str:
-    """Where a finding is: its labels, or "fleet" for a fleet-wide one (no labels at all)."""
-    return ", ".join(f"{k}={v}" for k, v in sorted(where.items())) or "fleet"
-
-
 def incident_text(incident: Incident) -> str:
     """The head finding, then the findings that support it (same place and mechanism)."""
     head = incident.head
@@ -152,16 +147,6 @@ def incident_text(incident: Incident) -> str:
     if incident.supporting:
         text += "; supported by: " + "; ".join(f"{f.title} ({f.rule_id})" for f in incident.supporting)
     return text
-
-
-def incident_where(incident: Incident) -> str:
-    """Where the head finding is; for a rule firing on several instances, how many and which."""
-    if not incident.repeats:
-        return finding_where(incident.head.where)
-    same = {k: v for k, v in incident.head.where.items() if k != "instance"}
-    names = ", ".join(f.where.get("instance", "?") for f in (incident.head,) + incident.repeats)
-    rest = finding_where(same) if same else ""
-    return f"{1 + len(incident.repeats)} instances: {names}" + (f"; {rest}" if rest else "")
 
 
 _NUMERIC = re.compile(r"^[$+-]?[\d,]*\.?\d+%?$")
@@ -207,7 +192,7 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
                 i.severity,
                 incident_text(i),
                 confidence_words(i.head.confidence, i.head.confirm),
-                incident_where(i),
+                where_of([i.head, *i.repeats]),
                 _when(min(f.since for f in i.members)),
                 *(_lever_titles(levers) for levers in plan(i.head)),
             ]
@@ -287,7 +272,7 @@ def _changes_rows(week: WeekChanges | None) -> list[list[str]] | list[str]:
         rows.append(
             [
                 _when(c.time),
-                finding_where(wc.pool),
+                fmt_where(wc.pool),
                 _change_text(c.kind, c.diff),
                 ", ".join(c.instances) or "pool",
                 verdict,

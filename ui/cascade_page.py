@@ -43,7 +43,7 @@ def render(data: TriageData) -> None:
         assert f.cascade is not None  # kept above for having one
         lead = "not reached" if f.cascade.lead_time_s is None else f"{f.cascade.lead_time_s:.0f} s"
         st.markdown(
-            f"**{f.title}** on `{fmt_where(f)}`: stage {f.cascade.stage} of {f.cascade.stages_total} "
+            f"**{f.title}** on `{fmt_where(f.where)}`: stage {f.cascade.stage} of {f.cascade.stages_total} "
             f"({f.cascade.stage_name}), {incident_label(f.since, f.until, f.active)}; the root led the "
             f"latency symptom by {lead}"
         )
@@ -55,7 +55,7 @@ def render(data: TriageData) -> None:
     ]
     shown = [(s, df) for s, df in shown if not df.empty and df.notna().any().any()]
     if band is not None and shown:
-        st.caption(f"Shaded: the cascade finding's period on `{fmt_where(band)}`.")
+        st.caption(f"Shaded: the cascade finding's period on `{fmt_where(band.where)}`.")
     for i in range(0, len(shown), 2):
         cols = st.columns(2)
         for col, (signal, df) in zip(cols, shown[i : i + 2], strict=False):

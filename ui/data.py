@@ -458,7 +458,7 @@ def timeline(diagnosis: Diagnosis) -> pd.DataFrame:
             "rank": range(1, len(found) + 1),
             "rule": [f.rule_id for f in found],
             "severity": [f.severity for f in found],
-            "where": [fmt_where(f) for f in found],
+            "where": [fmt_where(f.where) for f in found],
             "since": pd.to_datetime([f.since for f in found], unit="s", utc=True),
             "until": pd.to_datetime([f.until for f in found], unit="s", utc=True),
             "active": [f.active for f in found],

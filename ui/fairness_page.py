@@ -68,7 +68,7 @@ def render(data: TriageData) -> None:
     if findings:
         st.header("Tenant findings")
         for f in findings:
-            st.markdown(f"- **{f.title}** on `{fmt_where(f)}` since {fmt_time(f.since)}: {f.summary}")
+            st.markdown(f"- **{f.title}** on `{fmt_where(f.where)}` since {fmt_time(f.since)}: {f.summary}")
 
 
 def _table(table: pd.DataFrame) -> None:

@@ -105,7 +105,7 @@ def render_cards(data: TriageData, findings: Sequence[Finding], key: str) -> Non
 
 def group_where(worst: Finding, members: list[Finding]) -> str:
     """Where a group of repeats is: the one place, or how many instances and the worst one."""
-    return fmt_where(worst) if len(members) == 1 else f"{len(members)} instances, worst {fmt_where(worst)}"
+    return fmt_where(worst.where) if len(members) == 1 else f"{len(members)} instances, worst {fmt_where(worst.where)}"
 
 
 def instances_text(members: list[Finding], most: int = 50) -> str:
@@ -226,7 +226,7 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
     (st.warning if f.confidence != "high" else st.markdown)(confidence)
     state = "still active at the end of the window" if f.active else "ended"
     st.markdown(
-        f"**Where:** `{fmt_where(f)}` · **When:** {fmt_time(f.since)} → {fmt_time(f.until)[11:]} "
+        f"**Where:** `{fmt_where(f.where)}` · **When:** {fmt_time(f.since)} → {fmt_time(f.until)[11:]} "
         f"({fmt_duration(f.until - f.since)}, {state}) · **Rule:** `{f.rule_id}`"
     )
     if f.cascade:

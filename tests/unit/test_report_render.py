@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from kvscope.diagnoser.findings import Finding
+from kvscope.diagnoser.render import fmt_where
 from kvscope.diagnoser.sources.samples import SamplesSource
 from kvscope.report.render import (
     TIME_PLOTS,
-    finding_where,
     is_numeric_cell,
     render_figures,
     render_html,
@@ -46,8 +46,8 @@ def _finding(where: dict[str, str]) -> Finding:
 
 
 def test_a_fleet_wide_finding_says_fleet_and_a_placed_one_its_labels():
-    assert finding_where({}) == "fleet"
-    assert finding_where({"model": "m1", "instance": "a"}) == "instance=a, model=m1"
+    assert fmt_where({}) == "fleet"
+    assert fmt_where({"model": "m1", "instance": "a"}) == "instance=a, model=m1"
     report = replace(
         build_report(report_frame(_fleet()), END, 2.0, "test"),
         incidents=[Incident(_finding({})), Incident(_finding({"model": "m1"}))],
