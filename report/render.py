@@ -16,7 +16,7 @@ from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.actions import lever_heading, plan
 from kvscope.diagnoser.findings import LeverAdvice, confidence_words
 from kvscope.diagnoser.render import fmt_duration, fmt_where, where_of
-from kvscope.report.weekly import TENANT_SLO, UTILISATION_TRAP, Incident, WeekChanges, WeeklyReport
+from kvscope.report.weekly import TENANT_SLO, UTILISATION_TRAP, Incident, WeekChanges, WeeklyReport, WeekStats
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -95,8 +95,10 @@ def _when(ts: float) -> str:
     return pd.to_datetime(ts, unit="s", utc=True).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _trap_lines(report: WeeklyReport) -> list[str]:
-    util = report.this.fleet.get("gpu_util")
+def trap_lines(week: WeekStats, attribution: str = "") -> list[str]:
+    """What the week's GPU utilisation is measured by and costs, then the utilisation trap for the
+    fleet and each pool, then `attribution` (why some GPUs have no pool; '' when all have one)."""
+    util = week.fleet.get("gpu_util")
     if util is None:
         return [
             "GPU utilisation is absent from this source (no DCGM/NVML series), so GPU-hours, tokens per "
@@ -104,7 +106,7 @@ def _trap_lines(report: WeeklyReport) -> list[str]:
         ]
     basis = (
         "DCGM graphics-engine activity"
-        if report.this.utilisation_signal == "gpu_graphics_engine_active_ratio"
+        if week.utilisation_signal == "gpu_graphics_engine_active_ratio"
         else "GPU utilisation as reported (DCGM GPU_UTIL / NVML: a kernel was running; it overstates real "
         "use on small decode batches)"
     )
@@ -121,15 +123,15 @@ def _trap_lines(report: WeeklyReport) -> list[str]:
             "Levers: scale down faster, fill idle hours with offline batch work, colocate models "
             "(Sizing LLM Inference for Production §9.2)."
         )
-    pools = report.this.pools
+    pools = week.pools
     trapped = pools.index[pools["utilisation_trap"].fillna(False).astype(bool)] if "utilisation_trap" in pools else []
     for pool in trapped:
         lines.append(
             f"Pool {pool} averages {pools.loc[pool, 'gpu_util']:.0%} GPU utilisation: below "
             f"{UTILISATION_TRAP:.0%}, in the utilisation trap (Sizing LLM Inference for Production §9.2, §9.3)."
         )
-    if report.attribution:
-        lines.append(report.attribution)
+    if attribution:
+        lines.append(attribution)
     return lines
 
 
@@ -177,7 +179,8 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     deltas = report.deltas()
     fleet = [["Metric", "This week", "Week over week"]]
     fleet += [[label, fmt(report.this.fleet.get(k), kind), _delta(deltas.get(k))] for k, label, kind in FLEET_ROWS]
-    out: list[tuple[str, list[list[str]] | list[str]]] = [("Fleet", fleet), ("Utilisation", _trap_lines(report))]
+    trap = trap_lines(report.this, report.attribution)
+    out: list[tuple[str, list[list[str]] | list[str]]] = [("Fleet", fleet), ("Utilisation", trap)]
     if not report.this.pools.empty:
         out.append(("Per model / pool", _table(report.this.pools, pool_columns(report.objectives), "Pool")))
     tenants, adapters = report.this.tenants, report.this.adapters

@@ -6,8 +6,8 @@ import pandas as pd
 import streamlit as st
 
 from kvscope.core.objectives import ObjectiveSet
-from kvscope.report.render import fmt, pool_columns
-from kvscope.report.weekly import UTILISATION_TRAP, compute_week
+from kvscope.report.render import fmt, pool_columns, trap_lines
+from kvscope.report.weekly import attribution_note, compute_week
 from kvscope.ui.data import TriageData, window_text
 
 NO_GPU = (
@@ -44,16 +44,13 @@ def render(data: TriageData, objectives: ObjectiveSet | None = None) -> None:
         f"Prefix-cache hit ratio {fmt(f.get('hit_ratio'), 'pct')}; "
         f"output tokens {fmt(f.get('output_tokens'), 'count')}."
     )
-    util = f.get("gpu_util")
-    if util is not None:
-        st.caption(f"GPU utilisation here is {utilisation_basis(week.utilisation_signal)}.")
-    if util is None:
+    if f.get("gpu_util") is None:
         st.info(NO_GPU)
-    elif util < UTILISATION_TRAP:
-        st.warning(
-            f"Mean GPU utilisation {util:.0%} is below {UTILISATION_TRAP:.0%}: the utilisation trap "
-            f"(Sizing LLM Inference for Production §9.2). Cost per token is {1 / util:.1f}× the fully utilised cost."
-        )
+    else:
+        basis, *trap = trap_lines(week, attribution_note(data.series))
+        st.caption(basis)
+        for line in trap:
+            st.warning(line)
     if not week.pools.empty:
         shown = pd.DataFrame(
             {
@@ -64,23 +61,3 @@ def render(data: TriageData, objectives: ObjectiveSet | None = None) -> None:
             index=week.pools.index,
         )
         st.dataframe(shown, width="stretch")
-        if "unattributed" in week.pools.index:
-            st.caption(
-                "unattributed: GPUs this source does not tie to an engine. kvscope attributes a GPU to a "
-                "pool through the agent's engine-GPU join (engine_gpu_memory_used_bytes) or a node that "
-                "runs a single pool."
-            )
-
-
-def utilisation_basis(signal: str | None) -> str:
-    """Which utilisation the numbers use: DCGM engine activity when the source has it (what the
-    weekly report prefers), else the 'a kernel was running' duty cycle, which overstates decode."""
-    if signal == "gpu_graphics_engine_active_ratio":
-        return (
-            "DCGM graphics-engine activity (DCGM_FI_PROF_GR_ENGINE_ACTIVE), the share of time the "
-            "compute engines were busy"
-        )
-    return (
-        "GPU_UTIL / NVML utilisation: the share of time any kernel was running, which overstates real use "
-        "on small decode batches (no DCGM profiling metrics in this source)"
-    )
