@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from kvscope.core.goodput import attainment
 from kvscope.core.quantiles import histogram_quantile
 from kvscope.report.weekly.series import TENANT_SLO, Columns, counter_by, counters_by
 
@@ -52,22 +53,21 @@ def group_week(ss: Columns, start: float, end: float, group: str, cost_usd: floa
         request_seconds=f"{group}_request_seconds_total",
     )
     le = ss.label("le", "")
-    for col, bound in (("ttft_good", _le_match(le, TENANT_SLO.ttft_seconds)), ("ttft_total", le == "+Inf")):
-        only = keys.copy()
-        only[~np.asarray(bound, dtype=bool)] = None  # the other buckets: no key, left out
-        got = counter_by(ss, f"{group}_ttft_seconds_bucket", only, start, end)
-        if got is not None and not (got := got[got.index.notna()]).empty:
-            cols[col] = got
-    for col, (hist, q) in QUANTILES.items():
-        if (got := _quantile(ss, f"{group}_{hist}_seconds_bucket", keys, le, q, start, end)) is not None:
-            cols[col] = got
+    for hist in ("ttft", "itl"):
+        per_key = _buckets(ss, f"{group}_{hist}_seconds_bucket", keys, le, start, end)
+        for col, q in ((col, q) for col, (h, q) in QUANTILES.items() if h == hist):
+            cols[col] = pd.Series({k: histogram_quantile(q, b) for k, b in per_key.items()}, dtype=float)
+        if hist == "ttft":  # the share within the SLO bound, where that bound is a bucket bound
+            within = {k: attainment(b, TENANT_SLO.ttft_seconds) for k, b in per_key.items()}
+            cols["ttft_slo"] = pd.Series(
+                {k: a.good_lo / a.total for k, a in within.items() if a and a.good_lo == a.good_hi}, dtype=float
+            )
+    cols = {col: got for col, got in cols.items() if got.notna().any()}
     if not cols:
         return pd.DataFrame()
     df = pd.DataFrame(cols)
     if {"prompt_tokens", "cached_tokens"} <= set(df):
         df["hit_ratio"] = df["cached_tokens"] / df["prompt_tokens"].where(df["prompt_tokens"] > 0)
-    if {"ttft_good", "ttft_total"} <= set(df):
-        df["ttft_slo"] = df["ttft_good"] / df["ttft_total"].where(df["ttft_total"] > 0)
     if {"errors", "requests"} <= set(df):
         df["error_slo"] = 1 - df["errors"] / df["requests"].where(df["requests"] > 0)
     if (good := _goodput(ss, group, start, end)) is not None:
@@ -76,7 +76,7 @@ def group_week(ss: Columns, start: float, end: float, group: str, cost_usd: floa
         df["gpu_time_share"] = gpu_time_share(df["request_seconds"].fillna(0.0))
         if cost_usd is not None:
             df["cost_usd"] = df["gpu_time_share"] * cost_usd
-    df = df.drop(columns=[c for c in ("ttft_good", "ttft_total", "errors", "request_seconds") if c in df])
+    df = df.drop(columns=[c for c in ("errors", "request_seconds") if c in df])
     return df.sort_values(df.columns[0], ascending=False)
 
 
@@ -97,32 +97,19 @@ def _goodput(ss: Columns, group: str, start: float, end: float) -> pd.Series | N
     return cols["good"] / cols["judged"].where(cols["judged"] > 0)
 
 
-def _quantile(
-    ss: Columns, name: str, keys: np.ndarray, le: np.ndarray, q: float, start: float, end: float
-) -> pd.Series | None:
-    """Per key, histogram_quantile(q) over the week's bucket increases; None without the histogram."""
+def _buckets(
+    ss: Columns, name: str, keys: np.ndarray, le: np.ndarray, start: float, end: float
+) -> dict[str, list[tuple[float, float]]]:
+    """Per key, the histogram's bucket increases over (start, end] as [(le, increase)], one entry
+    per bound ("1" and "1.0" summed); empty without the histogram."""
     both = np.array([f"{k}\0{b}" for k, b in zip(keys, le, strict=True)], dtype=object)
     got = counter_by(ss, name, both, start, end)
-    if got is None:
-        return None
-    per_key: dict[str, list[tuple[float, float]]] = {}
-    for idx, inc in got.items():
+    per_key: dict[str, dict[float, float]] = {}
+    for idx, inc in () if got is None else got.items():
         key, _, bound = str(idx).rpartition("\0")
         try:
-            per_key.setdefault(key, []).append((float(bound), float(inc)))
+            at = per_key.setdefault(key, {})
+            at[float(bound)] = at.get(float(bound), 0.0) + float(inc)
         except ValueError:
             continue
-    out = {k: histogram_quantile(q, buckets) for k, buckets in per_key.items()}
-    return pd.Series({k: v for k, v in out.items() if v is not None}, dtype=float)
-
-
-def _le_match(le: np.ndarray, bound: float) -> np.ndarray:
-    """Which `le` label values are the bucket bound `bound` ("1", "1.0", "1e+00" alike)."""
-
-    def same(text: object) -> bool:
-        try:
-            return abs(float(str(text)) - bound) < 1e-9
-        except ValueError:
-            return False
-
-    return np.array([same(v) for v in le], dtype=bool)
+    return {k: sorted(b.items()) for k, b in per_key.items()}
