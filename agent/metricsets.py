@@ -39,18 +39,23 @@ class HistogramSet:
         self._series: dict[Labels, list[float]] = {}  # labels -> [b0..bn, +Inf, sum]
         self._lock = threading.Lock()
 
-    def observe(self, labels: Labels, value: float) -> None:
-        if value != value or value < 0:
+    def observe(self, labels: Labels, *values: float) -> None:
+        """Count `values` under `labels` (NaN and negative ones refused): one lock and one series
+        lookup for all of them, as for a stream's token gaps."""
+        kept = [v for v in values if v >= 0]  # NaN compares false
+        if not kept:
             return
         with self._lock:
             row = self._series.get(labels)
             if row is None:
                 if len(self._series) >= self.max_series:
-                    self.dropped += 1
+                    self.dropped += len(kept)
                     return
                 row = self._series[labels] = [0.0] * (len(self.bounds) + 2)
-            row[bisect_left(self.bounds, value)] += 1
-            row[-1] += value
+            bounds = self.bounds
+            for v in kept:
+                row[bisect_left(bounds, v)] += 1
+            row[-1] += sum(kept)
 
     def render(self, timestamp: float | None = None) -> list[Sample]:
         """`_bucket{le}` (cumulative), `_sum`, `_count` samples for every label set."""

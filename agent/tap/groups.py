@@ -4,8 +4,6 @@ tokens, in-flight seconds, TTFT and token gaps, the same families under `<group>
 
 from __future__ import annotations
 
-from bisect import bisect_left
-
 from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
 from kvscope.agent.tap.exchange import Exchange
 from kvscope.core.signals import Labels, Sample, make_labels
@@ -25,7 +23,7 @@ class GroupSeries:
         self.cached_tokens = CounterSet(f"{group}_cached_tokens_total")
         self.request_seconds = CounterSet(f"{group}_request_seconds_total")
         self.ttft = HistogramSet(f"{group}_ttft_seconds", GENAI_TTFT_BUCKETS)
-        self.itl = GapHistogram(f"{group}_itl_seconds", GENAI_TPOT_BUCKETS)
+        self.itl = HistogramSet(f"{group}_itl_seconds", GENAI_TPOT_BUCKETS)
         self._labels: dict[str, Labels] = {}
 
     def labels(self, value: str) -> Labels:
@@ -57,8 +55,7 @@ class GroupSeries:
             self.cached_tokens.inc(lab, cached)
         if ex.first_token is not None and ex.outcome == "ok" and ex.status < 400:
             self.ttft.observe(lab, ex.first_token - ex.start)
-            if ex.gaps:
-                self.itl.observe_all(lab, ex.gaps)
+            self.itl.observe(lab, *ex.gaps)
 
     def render(self, timestamp: float | None = None) -> list[Sample]:
         """Every family's samples."""
@@ -75,29 +72,3 @@ class GroupSeries:
         ):
             out.extend(fam.render(timestamp))
         return out
-
-
-class GapHistogram(HistogramSet):
-    """A `HistogramSet` that takes a stream's token gaps in one call: one lock and one series
-    lookup per stream instead of per gap; gaps of 0 s (events that came in one read) are counted
-    in one step. Same series and rendering as `observe` per gap."""
-
-    def observe_all(self, labels: Labels, values: list[float]) -> None:
-        with self._lock:
-            row = self._series.get(labels)
-            if row is None:
-                if len(self._series) >= self.max_series:
-                    self.dropped += len(values)
-                    return
-                row = self._series[labels] = [0.0] * (len(self.bounds) + 2)
-            bounds = self.bounds
-            zeros = values.count(0.0)
-            row[0] += zeros  # 0 s is below every bound (bounds are positive)
-            if zeros == len(values):
-                return
-            total = 0.0
-            for v in values:
-                if v > 0:  # NaN and negative values are refused, as in `observe`
-                    row[bisect_left(bounds, v)] += 1
-                    total += v
-            row[-1] += total
