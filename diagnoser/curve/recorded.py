@@ -27,6 +27,7 @@ is that engine's interval. docs/curve.md "From recording rules".
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import defaultdict
@@ -34,6 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kvscope.core.quantiles import histogram_quantile
 from kvscope.core.scalars import iso_utc
 from kvscope.diagnoser.curve.changes import Change, count_changes, merge, raw_changes
 from kvscope.diagnoser.curve.compare import Thresholds
@@ -301,16 +303,10 @@ def settings_reader(source: Source) -> SettingsReader:
 
 def _peak(counts: dict[int, float]) -> float | None:
     """The 99th percentile of the intervals' concurrency, interpolated in its bucket (-1: idle)."""
-    total = sum(counts.values())
-    if not total:
-        return None
-    seen = 0.0
-    for k in sorted(counts):
-        if seen + counts[k] >= 0.99 * total:
-            lo, hi = BOUNDS[k + 1], BOUNDS[k + 2]
-            return round(lo + (hi - lo) * (0.99 * total - seen) / counts[k], 3)
-        seen += counts[k]
-    return None
+    per_bucket = (counts.get(k, 0.0) for k in range(-1, len(BOUNDS) - 2))  # bucket k ends at BOUNDS[k + 2]
+    cumulative = list(zip(BOUNDS[1:], itertools.accumulate(per_bucket), strict=True))
+    peak = histogram_quantile(0.99, [*cumulative, (math.inf, sum(counts.values()))])
+    return None if peak is None else round(peak, 3)
 
 
 def recorded_interval(client: PromClient, start: float, end: float) -> float | None:
