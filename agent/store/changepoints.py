@@ -11,9 +11,7 @@ Most series keep their value between scrapes, so a batch becomes three kinds of 
 
 `fill_points` reads back exactly the dense series written (tests/unit/test_changepoints.py).
 Samples older than a series' previous point are dropped (`out_of_order`), as is a second one in
-the same millisecond (`duplicate`, first wins). Fast path, same rows (tests/unit/test_changepoints.py):
-a cohort with the same series in the same order as its group's previous one is compared by
-position.
+the same millisecond (`duplicate`, first wins).
 """
 
 from __future__ import annotations
@@ -23,14 +21,12 @@ import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, groupby
-from operator import itemgetter
+from itertools import groupby
 
 from kvscope.core.signals import Labels, Sample
 
 Key = tuple[str, Labels]
 _timestamp = operator.itemgetter(3)
-_name, _labels, _value = itemgetter(0), itemgetter(1), itemgetter(2)
 Points = list[tuple[float, float]]
 
 
@@ -59,16 +55,14 @@ class ChangeEncoder:
         self._by_sid: dict[int, list] = {}  # the same lists by series id
         self._members: dict[int, set[int]] = {}  # group -> series ids in its current run
         self._group_ts: dict[int, int] = {}  # group -> its latest stamp
-        self._previous: dict[int, _Previous] = {}  # group -> its last cohort, for the fast path
 
     def reset(self) -> None:
         """Forget all state (the rows it described may not be on disk)."""
-        for state in (self._last, self._by_sid, self._members, self._group_ts, self._previous):
+        for state in (self._last, self._by_sid, self._members, self._group_ts):
             state.clear()
 
     def forget(self, sids: set[int]) -> None:
         """Drop state of series the store deleted (retention pruned them)."""
-        self._previous.clear()
         gone = [k for k, st in self._last.items() if st[0] in sids]
         for k in gone:
             st = self._last.pop(k)
@@ -97,8 +91,7 @@ class ChangeEncoder:
         for ts_ms, _, samples in sorted(cohorts, key=lambda c: c[:2]):
             g = self._group_for(ts_ms, samples, used)
             used.add(g)
-            if not self._encode_same_series(g, ts_ms, samples, out):
-                self._encode_general(g, ts_ms, samples, out)
+            self._encode(g, ts_ms, samples, out)
         return out
 
     def _group_for(self, ts_ms: int, cohort: list[Sample], used: set[int]) -> int:
@@ -115,36 +108,7 @@ class ChangeEncoder:
         self._next_group += 1
         return g
 
-    def _encode_same_series(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> bool:
-        """The fast path: the same series in the same order as the group's previous cohort.
-        Writes the rows and returns True, or changes nothing and returns False."""
-        prev = self._previous.get(g)
-        if (
-            prev is None
-            or len(prev.names) != len(cohort)
-            or not cohort
-            or tuple(map(_name, cohort)) != prev.names
-            or tuple(map(_labels, cohort)) != prev.labels
-        ):
-            return False
-        values = list(map(_value, cohort))
-        changed = list(compress(range(len(cohort)), map(operator.ne, values, map(_value, prev.states))))
-        for j in changed:
-            v = values[j]
-            if type(v) is not float or v != v:  # NaN or a value to convert: the general path
-                return False
-        points, states = out.points, prev.states
-        for j in changed:
-            st = states[j]
-            v = st[2] = values[j]
-            points.append((st[0], ts_ms, v))
-        self._group_ts[g] = ts_ms
-        out.stamps.append((g, ts_ms))
-        out.accepted += len(cohort)
-        return True
-
-    def _encode_general(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> None:
-        self._previous.pop(g, None)
+    def _encode(self, g: int, ts_ms: int, cohort: list[Sample], out: Encoded) -> None:
         last, by_sid, group_ts = self._last, self._by_sid, self._group_ts
         members = self._members.get(g) or set()
         present: set[int] = set()
@@ -184,7 +148,6 @@ class ChangeEncoder:
                 continue
             if st[3]:  # moves from another group's run
                 self._members[st[3]].discard(st[0])
-                self._previous.pop(st[3], None)
             st[1], st[2], st[3] = previous, v, g
             present.add(st[0])
             points.append((st[0], ts_ms, v))
@@ -200,20 +163,6 @@ class ChangeEncoder:
         group_ts[g] = ts_ms
         out.stamps.append((g, ts_ms))
         out.accepted += len(present)
-        if len(present) == len(cohort):  # every sample a member, in order: remember for the fast path
-            self._previous[g] = _Previous(
-                tuple(map(_name, cohort)), tuple(map(_labels, cohort)), [last[(s[0], s[1])] for s in cohort]
-            )
-
-
-@dataclass(slots=True)
-class _Previous:
-    """A group's previous cohort as the fast path compares the next with it: its series in order
-    and their encoder states ([series id, last point's time, value, group], shared)."""
-
-    names: tuple[str, ...]
-    labels: tuple[Labels, ...]
-    states: list[list]
 
 
 # ------------------------------------------------------------------------------------ read side
