@@ -148,6 +148,11 @@ SHAPES: dict[str, tuple[str, tuple[tuple[Seg, ...], ...]]] = {  # name: (summary
         "1, 2, 4, 8 | 4, 8, 12, 16 | 16, 12, 8, 4 | 8, 4, 2, 1",
         tuple(_stairs(levels, 10) for levels in MID_RAMP),
     ),
+    "curve-shape-mid-ramp-long": (  # mid-ramp's cut over long sides: each phase's quarter 15 times (10 minutes)
+        "closed-loop ramp quarters (10 s steps) that the restarts cut, each phase's quarter 15 times: "
+        "1, 2, 4, 8 | 4, 8, 12, 16 | 16, 12, 8, 4 | 8, 4, 2, 1",
+        tuple(_stairs(levels * 15, 10) for levels in MID_RAMP),
+    ),
 }
 SHAPE_CHANGES = [
     {
