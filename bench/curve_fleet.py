@@ -79,12 +79,19 @@ def window(hours: float) -> tuple[float, float]:
 
 
 def dataset(
-    engines: int, hours: float, interval: float, every_family: bool, signals: frozenset[str] = SIGNALS, family="curve"
+    engines: int,
+    hours: float,
+    interval: float,
+    every_family: bool,
+    signals: frozenset[str] = SIGNALS,
+    family="curve",
+    cut: float | None = None,
 ) -> tuple[Path, dict]:
     """A VictoriaMetrics data directory holding the fleet over the window (plus one scrape before
     it), kept between runs: the capture's families of `signals` (named `family` in the cache's
-    key), or all of them."""
-    tag = f"{engines}x{hours:g}h-{interval:g}s-{'all' if every_family else family}-{_digest()}"
+    key), or all of them; `cut`: where one pool restarts with half its KV cache (CaptureFleet)."""
+    cut_tag = "" if cut is None else f"-cut{cut:g}"
+    tag = f"{engines}x{hours:g}h-{interval:g}s-{'all' if every_family else family}{cut_tag}-{_digest()}"
     d = CACHE / "curve" / tag
     meta = d / "meta.json"
     if not meta.exists():
@@ -94,7 +101,7 @@ def dataset(
         names = None if every_family else re.compile(wire_pattern(set(signals), load_catalog(), facts=True))
         with running_victoria(d / "data", *VM_FLAGS, log_path=d / "import.log") as vm:
             t0, l0 = time.perf_counter(), load()
-            info = import_capture_fleet(vm.url, engines, start - interval, end, interval, names=names)
+            info = import_capture_fleet(vm.url, engines, start - interval, end, interval, names=names, cut=cut)
             info.update(import_s=time.perf_counter() - t0, import_load=[l0, load()])
         info.pop("incident_instances", None)
         meta.write_text(json.dumps(info))
@@ -186,7 +193,15 @@ def curve_summary(out: str) -> str:
     points = sum(len(p.get("points") or []) for p in pools)
     changes = sum(len(p.get("changes") or []) for p in pools)
     knees = sum(p.get("knee_concurrency") is not None for p in pools)
-    return f"{len(pools)} pools, {points} points, {knees} knees, {changes} changes"
+    found = [
+        f"{p['labels'].get('model')} {c['kind']}{' ' + json.dumps(c['diff']) if c.get('diff') else ''}: "
+        f"{c.get('verdict')}"
+        for p in pools
+        for c in p.get("changes") or []
+    ]
+    return f"{len(pools)} pools, {points} points, {knees} knees, {changes} changes{' (' if found else ''}" + (
+        "; ".join(found) + ")" if found else ""
+    )
 
 
 def curve_step(start: float, end: float, interval: float) -> float:
@@ -216,7 +231,7 @@ def _fetched(out: str) -> str:
 
 
 def bench(args: argparse.Namespace) -> dict:
-    data, info = dataset(args.engines, args.hours, args.interval, args.all_families)
+    data, info = dataset(args.engines, args.hours, args.interval, args.all_families, cut=args.cut)
     start, end = window(args.hours)
     per_engine = round(info["samples"] / args.engines / info["steps"])
     step = curve_step(start, end, args.interval)
@@ -286,6 +301,13 @@ def main() -> None:
     )
     ap.add_argument("--curve-interval", help="the records' interval (default: 1m, or two scrapes if longer)")
     ap.add_argument("--skip-full", action="store_true", help="leave out the full `kvscope curve` (a week of a fleet)")
+    ap.add_argument(
+        "--cut",
+        type=float,
+        metavar="SHARE",
+        help="one pool (model-1) restarts this far into the window with half its KV cache and runs pressured "
+        "from then on: a real change for the changes to find (default: no restart)",
+    )
     ap.add_argument("--json-out", type=Path, help="append the row as one JSON line")
     add_raw_fetch_args(ap)
     args = ap.parse_args()

@@ -18,7 +18,12 @@ never sits in memory at once:
   (calibration.yaml `healthy_queue`: 0.01 % and none); a stressed engine queues as the capture
   did, 3x longer;
 * gauges: KV usage, running and waiting requests as above; the other gauges keep their captured
-  value.
+  value;
+* with `cut` (a share of the window), one pool (model-1's engines) restarts at that point with half
+  its KV cache: its counters and histograms start over from zero, its `cache_config_info` names
+  half the blocks and tokens from then on (a new series; the old one ends), and it runs pressured
+  as the incident engines do, at the same offered load (fleet benches of changes judged at a
+  restart; no engine of the other pools restarts).
 
 Output: `write_capture_fleet` writes OpenMetrics with timestamps (promtool `tsdb
 create-blocks-from openmetrics`; the whole fleet is gathered per family, so for sizes that fit in
@@ -46,6 +51,8 @@ CAPTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "scrapes"
 MODELS = 4
 STRESS_FACTOR = 3.0
 EPISODE = (0.55, 0.75)
+CUT_MODEL = 1
+HALVED = ("num_gpu_blocks", "num_gpu_blocks_override", "kv_cache_size_tokens", "kv_cache_memory_bytes")
 QUEUE, QUEUED_OF = "request_queue_time_seconds", "vllm:time_to_first_token_seconds"
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -108,6 +115,11 @@ def lognormal_cdf(bounds: np.ndarray, median: float, sigma: float) -> np.ndarray
     return 1.0 / (1.0 + np.exp(-1.702 * np.clip(z, -30, 30)))
 
 
+def _halved(labels: dict[str, str]) -> dict[str, str]:
+    """cache_config_info's labels with half the KV cache (the cut pool's after its restart)."""
+    return {k: str(int(v) // 2) if k in HALVED and v.isdigit() else v for k, v in labels.items()}
+
+
 def _engine_labels(i: int) -> dict[str, str]:
     return {"instance": f"10.{i // 62500}.{i // 250 % 250}.{i % 250}:8000", "job": "vllm"}
 
@@ -137,9 +149,11 @@ class CaptureFleet:
         seed: int = 7,
         chunk_steps: int = CHUNK_STEPS,
         capture: Path = CAPTURE,
+        cut: float | None = None,
     ) -> None:
         """`capture`: the /metrics text replicated (default the vLLM 0.32 one; e.g. sglang-router's
-        /engine_metrics, whose series name their worker in `worker_addr`)."""
+        /engine_metrics, whose series name their worker in `worker_addr`); `cut`: where in the
+        window model-1's pool restarts with half its KV cache (0 < cut < 1; None: no restart)."""
         self.engines, self.interval, self.seed, self.chunk_steps = engines, interval, seed, chunk_steps
         self.ts = np.arange(start, end + 1e-9, interval)
         n_t = len(self.ts)
@@ -147,7 +161,17 @@ class CaptureFleet:
         self.hot = np.sort(rng.choice(engines, size=max(1, engines // 10), replace=False))
         self.episode = (int(EPISODE[0] * n_t), int(EPISODE[1] * n_t))
         self.families = read_capture(capture)
+        self.cut = None if cut is None else max(1, int(cut * n_t))
+        self.cut_engines = np.arange(CUT_MODEL, engines, MODELS)
+        self.after_cut: set[tuple] = set()  # the info series the cut pool reports after its restart
+        if self.cut is not None:
+            for fam in self.families:
+                if fam.kind == "info":
+                    copies = [(n, _halved(lab), v) for n, lab, v in fam.series]
+                    self.after_cut |= {(n, tuple(sorted(lab.items()))) for n, lab, _ in copies}
+                    fam.series += copies
         self._state: dict[tuple, np.ndarray] = {}
+        self._c0 = 0
         from testbed.fleetgen.sim import load_calibration
 
         healthy = load_calibration()["healthy_queue"]
@@ -165,6 +189,7 @@ class CaptureFleet:
             "episode": [float(self.ts[a]), float(self.ts[min(b, len(self.ts) - 1)])],
             "samples": per_step * len(self.ts),
             "steps": len(self.ts),
+            "cut": None if self.cut is None else {"model": f"model-{CUT_MODEL}", "at": float(self.ts[self.cut])},
         }
 
     def chunks(self) -> Iterator[tuple[np.ndarray, list[tuple[Family, list[np.ndarray]]]]]:
@@ -179,7 +204,12 @@ class CaptureFleet:
                 stressed[np.ix_(self.hot, np.arange(a - c0, b - c0))] = True
             load = np.clip(1.0 + 0.15 * rng.standard_normal((self.engines, c1 - c0)), 0.2, None)
             load[stressed] *= 1.6
-            yield self.ts[c0:c1], [(fam, self._family(fam, rng, load, stressed)) for fam in self.families]
+            cut = np.zeros_like(stressed)
+            if self.cut is not None and self.cut < c1:
+                cut[np.ix_(self.cut_engines, np.arange(max(self.cut, c0) - c0, c1 - c0))] = True
+            self._c0 = c0
+            fams = [(fam, self._family(fam, rng, load, stressed | cut, stressed, cut)) for fam in self.families]
+            yield self.ts[c0:c1], fams
 
     def _carry(self, key: tuple, inc: np.ndarray) -> np.ndarray:
         """Running sums of `inc` [E, n] along time, continued from the previous chunk's."""
@@ -190,23 +220,47 @@ class CaptureFleet:
         self._state[key] = out[:, -1].copy()
         return out
 
+    def _restart(self, key: tuple, out: np.ndarray) -> np.ndarray:
+        """A cumulative row [E, n] with the cut pool's engines starting over from zero at the cut
+        (less their own value at the scrape before it)."""
+        if self.cut is None:
+            return out
+        before, first = self.cut - 1 - self._c0, max(self.cut - self._c0, 0)
+        if 0 <= before < out.shape[1]:
+            self._state[("base", key)] = out[self.cut_engines, before]
+        if first < out.shape[1]:
+            out[self.cut_engines, first:] -= self._state[("base", key)][:, None]
+        return out
+
     def _family(
-        self, fam: Family, rng: np.random.Generator, load: np.ndarray, stressed: np.ndarray
+        self,
+        fam: Family,
+        rng: np.random.Generator,
+        load: np.ndarray,
+        stressed: np.ndarray,
+        episode: np.ndarray,
+        cut: np.ndarray,
     ) -> list[np.ndarray]:
+        """`stressed`: the engines pressured (in the episode or past the cut); `episode`: in the
+        episode (their queue grows); `cut`: the cut pool's engines past its restart."""
         n_e, n_t = load.shape
         if fam.kind == "histogram":
             return self._histogram(fam, rng, load, stressed)
         out = []
         for name, labels, value in fam.series:
             key = (name, tuple(sorted(labels.items())))
-            if fam.kind == "info":
+            if fam.kind == "info" and self.cut is not None:
+                row = np.full((n_e, n_t), value)
+                row[cut != (key in self.after_cut)] = np.nan  # absent: each series before or after
+                out.append(row)
+            elif fam.kind == "info":
                 out.append(np.full(n_t, value))
             elif fam.kind == "counter" or name.endswith("_total"):
                 if "preemption" in name:
                     inc = np.where(stressed, rng.poisson(2.0, size=(n_e, n_t)), 0).astype(float)
                 else:
                     inc = load * max(value, 1.0) / 600.0 * self.interval
-                out.append(value + np.floor(self._carry(key, inc)))
+                out.append(self._restart(key, value + np.floor(self._carry(key, inc))))
             elif "kv_cache_usage" in name:
                 kv = np.clip(0.35 + 0.08 * rng.standard_normal((n_e, n_t)), 0.0, 0.85)
                 kv[stressed] = 0.97 + 0.02 * rng.random(int(stressed.sum()))
@@ -214,7 +268,7 @@ class CaptureFleet:
             elif name.endswith("num_requests_running"):
                 out.append(rng.poisson(8.0, size=(n_e, n_t)) + np.where(stressed, 16.0, 0.0))
             elif name.endswith("num_requests_waiting"):
-                ramp = self._carry(key, stressed.astype(float)) * 0.05
+                ramp = self._carry(key, episode.astype(float)) * 0.05
                 out.append(rng.poisson(self.waiting_rate, size=(n_e, n_t)) + np.where(stressed, 2.0 + ramp, 0.0))
             else:
                 out.append(np.full(n_t, value))
@@ -250,13 +304,16 @@ class CaptureFleet:
             cum = {}
             for j, le in enumerate(les):
                 per = obs * np.where(stressed, slow[j], cdf[j]) if latency else obs * cdf[j]
-                cum[le] = got[le] + np.floor(self._carry((fam.name, key, le), per))  # whole counts, monotone
+                got_le = got[le] + np.floor(self._carry((fam.name, key, le), per))  # whole counts, monotone
+                cum[le] = self._restart((fam.name, key, le), got_le)
             slow_sum = obs * np.where(stressed & latency, mean * STRESS_FACTOR, healthy)
             rows[key] = {
                 "les": les,
                 "cum": cum,
                 "_count": cum[les[-1]],
-                "_sum": got.get("_sum", 0.0) + self._carry((fam.name, key, "_sum"), slow_sum),
+                "_sum": self._restart(
+                    (fam.name, key, "_sum"), got.get("_sum", 0.0) + self._carry((fam.name, key, "_sum"), slow_sum)
+                ),
             }
         out = []
         for name, labels, _ in fam.series:
@@ -270,11 +327,18 @@ class CaptureFleet:
 
 
 def write_capture_fleet(
-    out: IO[str], engines: int, start: float, end: float, interval: float = 15.0, seed: int = 7, capture: Path = CAPTURE
+    out: IO[str],
+    engines: int,
+    start: float,
+    end: float,
+    interval: float = 15.0,
+    seed: int = 7,
+    capture: Path = CAPTURE,
+    cut: float | None = None,
 ) -> dict:
     """Write the fleet as OpenMetrics with timestamps (each family once, gathered over every
     chunk); returns `CaptureFleet.info()`."""
-    fleet = CaptureFleet(engines, start, end, interval, seed, capture=capture)
+    fleet = CaptureFleet(engines, start, end, interval, seed, capture=capture, cut=cut)
     gathered: list[list[list[np.ndarray]]] = [[[] for _ in fam.series] for fam in fleet.families]
     stamps = []
     for ts, fams in fleet.chunks():
@@ -291,7 +355,9 @@ def write_capture_fleet(
                 lab = _series_labels(labels, e)
                 prefix = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(lab.items())) + "} "
                 vals = row[e] if row.ndim == 2 else row
-                out.write("".join(f"{prefix}{v:.12g} {s}\n" for v, s in zip(vals.tolist(), stamp, strict=True)))
+                out.write(
+                    "".join(f"{prefix}{v:.12g} {s}\n" for v, s in zip(vals.tolist(), stamp, strict=True) if v == v)
+                )
     out.write("# EOF\n")
     return fleet.info()
 
@@ -309,12 +375,14 @@ def import_capture_fleet(
     shift_s: float = 0.0,
     timeout_s: float = 1800.0,
     names: re.Pattern[str] | None = None,
+    cut: float | None = None,
 ) -> dict:
     """Stream the fleet into VictoriaMetrics' `/api/v1/import` (JSON lines: metric, values,
     millisecond timestamps), timestamps moved by `shift_s`; generation and posting overlap (one
     posting thread). `names`: only the families with a sample name it matches in full (a bench of
-    one command's signals at sizes the whole capture would not fit). Returns `CaptureFleet.info()`."""
-    fleet = CaptureFleet(engines, start, end, interval, seed)
+    one command's signals at sizes the whole capture would not fit); `cut`: CaptureFleet's. Returns
+    `CaptureFleet.info()`."""
+    fleet = CaptureFleet(engines, start, end, interval, seed, cut=cut)
     if names is not None:
         fleet.families = [f for f in fleet.families if any(names.fullmatch(n) for n, _, _ in f.series)]
     enc = msgspec.json.Encoder()
@@ -334,9 +402,12 @@ def import_capture_fleet(
 
     poster = threading.Thread(target=post, daemon=True)
     poster.start()
+    # labels in name order, as Prometheus' remote write sends them: VictoriaMetrics keeps the first 30
+    # (-maxLabelsPerTimeseries) and vLLM 0.32's cache_config_info has 40 with instance and job, which
+    # it would drop were they last
     prefixes = [
         [
-            [enc.encode({"__name__": name, **_series_labels(labels, e)}) for e in range(engines)]
+            [enc.encode({"__name__": name, **dict(sorted(_series_labels(labels, e).items()))}) for e in range(engines)]
             for name, labels, _ in fam.series
         ]
         for fam in fleet.families
@@ -345,14 +416,22 @@ def import_capture_fleet(
     size = 0
     try:
         for ts, fams in fleet.chunks():
-            stamps = b',"timestamps":' + enc.encode(np.rint((ts + shift_s) * 1000).astype(np.int64).tolist()) + b"}\n"
+            ms = np.rint((ts + shift_s) * 1000).astype(np.int64)
+            stamps = b',"timestamps":' + enc.encode(ms.tolist()) + b"}\n"
             for (_fam, arrays), pre in zip(fams, prefixes, strict=True):
                 for arr, names in zip(arrays, pre, strict=True):
                     shared = None if arr.ndim == 2 else enc.encode(arr.tolist())
                     rows = arr.tolist() if arr.ndim == 2 else None
+                    absent = np.isnan(arr) if arr.ndim == 2 and np.isnan(arr).any() else None
                     for e in range(engines):
-                        values = shared if rows is None else enc.encode(rows[e])
-                        line = b'{"metric":' + names[e] + b',"values":' + values + stamps
+                        values, own = (shared if rows is None else enc.encode(rows[e])), stamps
+                        if absent is not None and absent[e].any():  # a series before or after the cut
+                            if absent[e].all():
+                                continue
+                            kept = ~absent[e]
+                            values = enc.encode(arr[e][kept].tolist())
+                            own = b',"timestamps":' + enc.encode(ms[kept].tolist()) + b"}\n"
+                        line = b'{"metric":' + names[e] + b',"values":' + values + own
                         buf.append(line)
                         size += len(line)
                     if size >= IMPORT_BATCH_BYTES:

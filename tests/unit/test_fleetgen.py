@@ -259,3 +259,36 @@ def test_blind_set_is_reproducible_and_speaks_the_real_dialects(tmp_path):
         }
         assert intervals == {30}  # production-like scrape interval
     assert len(blind_scenarios()) == 11
+
+
+def test_the_cut_pool_restarts_with_half_its_kv_cache():
+    """CaptureFleet `cut`: model-1's engines (1 and 5 of 8) drop every counter at the cut and name
+    half the KV blocks from then on, on a new cache_config_info series (the old one ends); no
+    other engine restarts. Across chunk boundaries (50 scrapes a chunk, the cut at scrape 60)."""
+    import io
+
+    import numpy as np
+
+    from testbed.fleetgen.capture_fleet import CaptureFleet, write_capture_fleet
+
+    fleet = CaptureFleet(8, 0.0, 7200.0, 60.0, chunk_steps=50, cut=0.5)
+    rows: dict[tuple, list] = defaultdict(list)
+    for _, fams in fleet.chunks():
+        for fam, arrays in fams:
+            for (name, labels, _), arr in zip(fam.series, arrays, strict=True):
+                rows[(name, labels.get("num_gpu_blocks"), tuple(sorted(labels.items())))].append(arr)
+    counters = [k for k in rows if k[0].endswith(("_total", "_count", "_bucket"))]
+    assert counters
+    for key in counters:
+        drops = np.diff(np.concatenate(rows[key], axis=1), axis=1) < 0
+        assert {(int(e), int(i) + 1) for e, i in zip(*np.nonzero(drops), strict=True)} <= {(1, 60), (5, 60)}, key
+    present = {
+        blocks: ~np.isnan(np.concatenate(a, axis=1)) for (n, blocks, _), a in rows.items() if "cache_config" in n
+    }
+    assert present["128"][[1, 5], :60].all() and not present["128"][[1, 5], 60:].any()
+    assert present["64"][[1, 5], 60:].all() and not present["64"][[1, 5], :60].any()
+    assert present["128"][[0, 2, 3, 4, 6, 7]].all() and not present["64"][[0, 2, 3, 4, 6, 7]].any()
+    out = io.StringIO()
+    write_capture_fleet(out, 8, 0.0, 7200.0, 60.0, cut=0.5)
+    info = [line for line in out.getvalue().splitlines() if line.startswith("vllm:cache_config_info")]
+    assert len(info) == 8 * 121 and "nan" not in out.getvalue()
