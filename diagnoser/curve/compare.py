@@ -326,6 +326,13 @@ def verdict(
     return ("improvement", [], better) if better else ("not_comparable", [], [])
 
 
+RATE_EDGES = np.concatenate([EDGES[0] * 2.0 ** (np.arange(-12, 0) / 2), EDGES])
+"""Arrival-rate bucket edges, per second: the concurrency edges, continued below their first by
+the same x1.41 steps down to 1/128 a second (below it nothing arrives). Below 0.5 in flight an
+engine is idle, but not below 0.5 arrivals a second: by Little's law a rate is the requests in
+flight over their latency, so an engine whose requests last 20 s holds 8 at 0.4 a second."""
+
+
 ORDERED = ("ttft_p99_s",)
 """The metrics the curve orders by the load offered: the time to first token does not fall as more
 requests arrive (§8.1: a request waits behind more), so a side slower at less load than the other
@@ -338,19 +345,19 @@ which a verdict from one metric's order would call a regression where TTFT fell 
 def _rate_pairs(
     before: Intervals, after: Intervals, rate_b: np.ndarray, rate_a: np.ndarray, sign: int
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per arrival-rate bucket (EDGES, per second) of the after side: its rows, and the before
+    """Per arrival-rate bucket (RATE_EDGES) of the after side: its rows, and the before
     side's rows in that bucket or above it (`sign` +1: the after side at the lesser load) or in it
     or below it (-1), where both hold enough data (`_enough`). Within one bucket the rates are
     matched as concurrency is (about x1.41 wide); across buckets they are ordered. Chosen from
     the rates and the counts alone, never the metrics."""
-    k_a = np.searchsorted(EDGES, rate_a)
+    k_a = np.searchsorted(RATE_EDGES, rate_a)
     out = []
     for k in np.unique(k_a[~np.isnan(rate_a)]):
-        if k == 0 or k >= len(EDGES):
-            continue  # idle (below EDGES[0]), or above the last edge: no bound on that side
+        if k == 0 or k >= len(RATE_EDGES):
+            continue  # below the first edge, or above the last: no bound on that side
         rows_a = np.flatnonzero(k_a == k)
         with np.errstate(invalid="ignore"):
-            rows_b = np.flatnonzero(rate_b > EDGES[k - 1]) if sign > 0 else np.flatnonzero(rate_b <= EDGES[k])
+            rows_b = np.flatnonzero(rate_b > RATE_EDGES[k - 1]) if sign > 0 else np.flatnonzero(rate_b <= RATE_EDGES[k])
         if _enough(before, rows_b) and _enough(after, rows_a):
             out.append((rows_b, rows_a))
     return out
@@ -428,7 +435,7 @@ def by_offered_load(before: Intervals, after: Intervals, th: Thresholds, gate_ca
             named = [m for m, x in d.items() if _beyond(x, sign, getattr(th, m), th.relative)]
             if not named:
                 continue
-            edge = EDGES[np.searchsorted(EDGES, rate_a[rows_a][0]) - (0 if sign > 0 else 1)]
+            edge = RATE_EDGES[np.searchsorted(RATE_EDGES, rate_a[rows_a][0]) - (0 if sign > 0 else 1)]
             clear = max(sign * x["relative_interval"][0 if sign > 0 else 1] for m, x in d.items() if m in named)
             if sign not in found or clear > found[sign]["clear"]:
                 split = {"method": "ordered", "arrival_rate_per_s": float(edge), "before_intervals": len(rows_b)}
@@ -455,7 +462,7 @@ below saturation is the rate's own (so it reads the same unless the engine fell 
 
 
 def at_matched_rate(before: Intervals, after: Intervals, th: Thresholds, gate_cache: bool = True) -> dict | None:
-    """The comparison at matched concurrency, over arrival-rate buckets instead (EDGES, per second:
+    """The comparison at matched concurrency, over arrival-rate buckets instead (RATE_EDGES:
     the intervals of both sides whose rate fell in the same bucket, where both hold `_enough`),
     on RATE_MATCHED: the open loop's input held, where concurrency is partly the engine's outcome
     (a fast engine keeps every rate from 4 to 16 a second under 1.5 requests in flight, so one
@@ -466,9 +473,9 @@ def at_matched_rate(before: Intervals, after: Intervals, th: Thresholds, gate_ca
     rate_b, rate_a = before.gauges.get(ARRIVAL_RATE), after.gauges.get(ARRIVAL_RATE)
     if rate_b is None or rate_a is None:
         return None
-    k_b, k_a = np.searchsorted(EDGES, rate_b), np.searchsorted(EDGES, rate_a)  # NaN: past the last edge
+    k_b, k_a = np.searchsorted(RATE_EDGES, rate_b), np.searchsorted(RATE_EDGES, rate_a)  # NaN: past the last edge
     pairs = []
-    for k in range(1, len(EDGES)):
+    for k in range(1, len(RATE_EDGES)):
         rows_b, rows_a = np.flatnonzero(k_b == k), np.flatnonzero(k_a == k)
         if _enough(before, rows_b) and _enough(after, rows_a):
             pairs.append(Matched(rows_b, rows_a, float(min(len(rows_b), len(rows_a)))))

@@ -39,7 +39,7 @@ from kvscope.core.quantiles import histogram_quantile
 from kvscope.core.scalars import iso_utc
 from kvscope.diagnoser.curve.changes import Change, count_changes, merge, raw_changes
 from kvscope.diagnoser.curve.compare import Thresholds
-from kvscope.diagnoser.curve.intervals import CONCURRENCY, WAITING, Intervals, Pool
+from kvscope.diagnoser.curve.intervals import ARRIVAL_RATE, CONCURRENCY, WAITING, Intervals, Pool
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, operating_point
 from kvscope.diagnoser.curve.points import EDGES, MIN_INTERVALS, MIN_REQUESTS, BucketSums, Point, point_of
 from kvscope.diagnoser.curve.records import BOUNDS, BUCKET, FILE, GAUGES, PREFIX, RESTART_SPAN_S
@@ -132,13 +132,18 @@ def _pool_rows(
         arr = np.stack([col((h, le)) for le in les], axis=1)
         hists[h] = (np.array(les), arr)
         counters[f"{h}_count"] = arr[:, -1]
+    # the requests that reached an engine per second, the row's mean over its engine-intervals: its
+    # finished requests over their seconds (the raw path's rate less the change in requests held
+    # at the ends of each interval, which averages out over a row's many intervals)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(weight > 0, counters["engine_requests_finished_total"] / (weight * interval_s), np.nan)
     iv = Intervals(
         interval_s,
         f"{CONCURRENCY_SIGNAL} (+ {WAITING} where exported), mean over {interval_s:g} s",
         t_end,
         unit,
         units,
-        {CONCURRENCY: mean},
+        {CONCURRENCY: mean, ARRIVAL_RATE: rate},
         np.zeros(len(t_end)),
         counters,
         hists,

@@ -564,7 +564,7 @@ def _rate_text(split: dict | None) -> str:
         return f" (judged at the arrival rate: no concurrency bucket decided; {said} in {buckets} rate buckets)"
     return (
         f" (judged at the arrival rate: no concurrency bucket decided; {said} on either side of "
-        f"{split['arrival_rate_per_s']:g} requests/s)"
+        f"{split['arrival_rate_per_s']:.3g} requests/s)"
     )
 
 

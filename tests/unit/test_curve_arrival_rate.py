@@ -32,11 +32,11 @@ def test_the_arrival_rate_is_what_finished_plus_what_stayed():
     assert np.isnan(arrival_rate(finished, ends, reset, 1.0, 0)[0, 1])
 
 
-def _open_loop(kind: str, slower_after: bool = True):
+def _open_loop(kind: str, slower_after: bool = True, n: int = 40):
     """One engine at the same arrival rate throughout (40 requests finish per interval, the
     engine's count steady on each side, the same 40 output tokens per second): on the slower side it holds 14 requests (2 waiting) and its
     slowest 3 % take 2.5 s, on the other 4 and (0.05, 0.1]. `kind`: `config` (the KV capacity moves
-    at HALF with a restart) or `restart` (same flags)."""
+    at HALF with a restart) or `restart` (same flags); `n`: the requests finished per interval."""
     slow, fast = 14.0, 4.0
     first, second = (fast, slow) if slower_after else (slow, fast)
     cap_after = 100.0 if kind == "config" else 1000.0
@@ -46,6 +46,7 @@ def _open_loop(kind: str, slower_after: bool = True):
         tokens=lambda c: 40.0,  # the same requests: the same tokens per second at the same rate
         resets=(HALF,),
         kv_cap=[1000.0] * HALF + [cap_after] * HALF,
+        n=n,
     )
 
 
@@ -63,6 +64,17 @@ def test_a_setting_that_holds_more_requests_at_the_same_rate_is_judged_there():
     assert j.deltas["ttft_p99_s"]["interval"][0] > 0.1
     assert "judged at the arrival rate" in changes_text(pc)[0]
     assert regression_findings([pc], (0.0, 1.0), STEP)
+
+
+def test_long_requests_under_half_a_request_a_second_are_matched_at_their_rate():
+    """6 requests finish per 15-s interval (0.4 a second) while 4, then 14, are in the engine: each
+    lasts 10-35 s. By Little's law that engine is busy, not idle, so the rate buckets continue
+    below the concurrency edges' first (0.5): a regression at the matched rate, as at 40 a
+    interval."""
+    (pc,) = pool_curves(_open_loop("config", n=6), settle_s=0.0)
+    (j,) = pc.changes
+    assert j.verdict == "regression" and j.worse == ["ttft_p99_s"], (j.verdict, j.reason)
+    assert j.by_arrival_rate and j.by_arrival_rate["method"] == "matched"
 
 
 def test_the_inverse_setting_is_an_improvement_at_the_same_rate():
