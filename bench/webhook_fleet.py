@@ -28,7 +28,12 @@ Measured in one run, each against the same data:
 * raw fetch (baseline): every raw series of every engine over the window, HTTP + JSON only, the
   floor of a client that fetches the fleet (bench/diagnose_fleet.py `baseline_fetch`).
 
+With `--cut-ago S`, one pool (model-1's engines) restarts S seconds before the run with half its
+KV cache and runs pressured from then on (CaptureFleet `cut`), and the alerts are on its engines:
+what changed then holds a real change to judge, from the raw series and from the records.
+
     .venv/bin/python bench/webhook_fleet.py --engines 1000 --hours 1
+    .venv/bin/python bench/webhook_fleet.py --engines 1000 --hours 1 --cut-ago 1800
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from curve_fleet import instance as engine_instance  # noqa: E402
 from diagnose_fleet import CANDIDATES, KVSCOPE, STEP, VM_FLAGS, WARMUP_S, baseline_fetch, load, run_child  # noqa: E402
 
 from kvscope.diagnoser.curve.report import pool_curves  # noqa: E402
@@ -121,8 +127,10 @@ def summary(doc: dict) -> str:
     """What the stored answer says: status, changes listed, the likely cause, errors."""
     alert = doc["payload"]["alerts"][0]["kvscope"]
     likely = (alert.get("likely_cause") or {}).get("rule_id")
+    changes = alert.get("changes") or []
+    said = ", ".join(f"{c.get('kind')} {json.dumps(c.get('diff') or {})}: {c.get('verdict')}" for c in changes)
     return (
-        f"status {alert.get('status')}, likely cause {likely}, {len(alert.get('changes') or [])} changes, "
+        f"status {alert.get('status')}, likely cause {likely}, {len(changes)} changes ({said}), "
         f"read {alert.get('changes_read')}, errors {alert.get('errors') or []}"
     )
 
@@ -136,6 +144,12 @@ def main() -> None:
     ap.add_argument(
         "--ahead", type=float, default=1800.0, help="seconds the fleet's samples run past the run's start (live)"
     )
+    ap.add_argument(
+        "--cut-ago",
+        type=float,
+        metavar="S",
+        help="model-1's engines restart S seconds before the run with half their KV cache; the alerts are on them",
+    )
     args = ap.parse_args()
     before_s = 45 * 60 * args.hours
     with tempfile.TemporaryDirectory(prefix="kvscope-webhook-fleet-") as d:
@@ -144,7 +158,8 @@ def main() -> None:
         first, start, end = now - args.hours * 3600 - WARMUP_S, now - args.hours * 3600, now + args.ahead
         with running_victoria(tmp / "vm", *VM_FLAGS, log_path=tmp / "vm.log") as vm:
             t0, l0 = time.perf_counter(), load()
-            info = import_capture_fleet(vm.url, args.engines, first, end, STEP)
+            cut = None if args.cut_ago is None else (now - args.cut_ago - first) / (end - first)
+            info = import_capture_fleet(vm.url, args.engines, first, end, STEP, cut=cut)
             took = replay_rules(vm.url, CANDIDATES, start - 60, now, tmp / "vmalert.log")
             done = keep_records(vm.url, now, tmp / "vmalert.log")
             print(
@@ -155,6 +170,8 @@ def main() -> None:
                 flush=True,
             )
             incident = sorted(info.get("incident_instances") or [])
+            if cut is not None:  # the cut pool's engines (CaptureFleet.cut_engines: model-1 of four)
+                incident = [engine_instance(e) for e in range(1, args.engines, 4)]
             port = free_port()
             serve = f"http://127.0.0.1:{port}"
             argv = [KVSCOPE, "serve", "--prometheus", vm.url, "--listen", f"127.0.0.1:{port}", "--store", ":memory:"]
