@@ -23,15 +23,15 @@ import numpy as np
 import pandas as pd
 
 from kvscope.core.objectives import ObjectiveSet
-from kvscope.core.quantiles import histogram_quantile
-from kvscope.core.rates import step_increases
 from kvscope.core.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding, same_place
 from kvscope.diagnoser.render import fmt_time
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
 from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
-from kvscope.report.weekly.groups import GOODPUT_KEY, gpu_time_share
+from kvscope.report.render import GROUP_COLUMNS as REPORT_COLUMNS
+from kvscope.report.weekly.groups import group_table as shared_group_table
+from kvscope.report.weekly.series import GROUP_COUNTERS, columns
 
 if TYPE_CHECKING:
     from kvscope.diagnoser.curve.report import PoolCurve
@@ -477,39 +477,16 @@ def window_text(start: float, end: float) -> str:
     return f"{first.removesuffix(' UTC')} → {last} ({fmt_duration(end - start)})"
 
 
-def _per_group(frame: Frame, name: str, rate: bool, group: str) -> dict[tuple[str, str], float]:
-    """(group value, instance) -> mean rate over the window (counters, resets counted, summed over the pair's series)
-    or latest value (ratio gauges, averaged over the pair's series: a ratio is never summed)."""
+def _latest(frame: Frame, name: str, group: str) -> pd.Series:
+    """`group_keys`' key (group value, NUL, instance) -> the gauge's latest value, averaged over the
+    pair's series (a ratio is never summed)."""
     block = frame.block(name)
-    if block is None:
-        return {}
-    span = float(frame.ts[-1] - frame.ts[0]) or 1.0
-    found: dict[tuple[str, str], list[float]] = {}
-    for labels, row in zip(block.labels, block.values, strict=True):
-        have = dict(labels)
-        present = row[~np.isnan(row)]
-        if group not in have or present.size == 0:
-            continue
-        value = float(step_increases(present).sum()) / span if rate else float(present[-1])
-        found.setdefault((have[group], have.get("instance", "")), []).append(value)
-    return {k: (sum(v) if rate else sum(v) / len(v)) for k, v in found.items()}
-
-
-def _bucket_increases(frame: Frame, name: str, group: str) -> dict[tuple[str, str], dict[float, float]]:
-    """(group value, instance) -> {le: increase over the window (resets counted)} of a histogram's buckets."""
-    block = frame.block(name)
-    if block is None:
-        return {}
-    found: dict[tuple[str, str], dict[float, float]] = {}
-    for labels, row in zip(block.labels, block.values, strict=True):
-        have = dict(labels)
-        present = row[~np.isnan(row)]
-        if group not in have or "le" not in have or present.size == 0:
-            continue
-        per_le = found.setdefault((have[group], have.get("instance", "")), {})
-        le = float(have["le"])
-        per_le[le] = per_le.get(le, 0.0) + float(step_increases(present).sum())
-    return found
+    found: dict[str, list[float]] = {}
+    for labels, row in zip(block.labels, block.values, strict=True) if block is not None else ():
+        have, present = dict(labels), row[~np.isnan(row)]
+        if group in have and present.size:
+            found.setdefault(f"{have[group]}\0{have.get('instance', '')}", []).append(float(present[-1]))
+    return pd.Series({k: sum(v) / len(v) for k, v in found.items()}, dtype=float)
 
 
 def _natural(text: str) -> tuple:
@@ -518,33 +495,32 @@ def _natural(text: str) -> tuple:
 
 
 GROUP_COLUMNS = {
-    "requests/s": ("requests_total", True),
-    "prompt tok/s": ("prompt_tokens_total", True),
-    "completion tok/s": ("completion_tokens_total", True),
-    "cached tok/s": ("cached_tokens_total", True),
-    "hit ratio (latest)": ("prefix_hit_ratio", False),
-    "lost reuse (latest)": ("lost_reuse_ratio", False),
+    "requests": "requests/s",
+    "prompt_tokens": "prompt tok/s",
+    "completion_tokens": "completion tok/s",
+    "cached_tokens": "cached tok/s",
+    "prefix_hit_ratio": "hit ratio (latest)",
+    "lost_reuse_ratio": "lost reuse (latest)",
+    "ttft_mean_s": "mean TTFT (s)",
+    "ttft_p50_s": "TTFT p50 (s)",
+    "ttft_p95_s": "TTFT p95 (s)",
+    "itl_p50_s": "ITL p50 (s)",
+    "itl_p95_s": "ITL p95 (s)",
+    "ttft_slo": REPORT_COLUMNS["ttft_slo"][0],
+    "error_slo": REPORT_COLUMNS["error_slo"][0],
+    "goodput": "goodput (exact)",
+    "gpu_time_share": "GPU-time share",
 }
-"""Column -> (signal after `<group>_`, is a counter shown as its mean rate). A column whose signal
-no row of a grouping has (the hit ratios are per tenant only) is left out."""
-LATENCY_COLUMNS = {  # column -> (histogram after `<group>_`, quantile; None: the mean)
-    "mean TTFT (s)": ("ttft_seconds", None),
-    "TTFT p50 (s)": ("ttft_seconds", 0.5),
-    "TTFT p95 (s)": ("ttft_seconds", 0.95),
-    "ITL p50 (s)": ("itl_seconds", 0.5),
-    "ITL p95 (s)": ("itl_seconds", 0.95),
-}
-SHARE_COLUMN = "GPU-time share"
+"""The shared table's column (report/weekly/groups.py `group_table`), or a LATEST gauge, -> the
+UI's header; the RATES counts are shown per second of the window."""
+RATES = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens")
+LATEST = ("prefix_hit_ratio", "lost_reuse_ratio")
+"""The ratio gauges (after `<group>_`) shown at the window's end (tenants only)."""
 GROUP_SAMPLES = {
-    f"{group}_{name}{part}"
+    f"{group}_{name}"
     for group in ("tenant", "adapter")
-    for name, part_list in (
-        *((c, ("",)) for c, _ in GROUP_COLUMNS.values()),
-        ("request_seconds_total", ("",)),
-        *((h, ("_sum", "_count", "_bucket")) for h, _ in LATENCY_COLUMNS.values()),
-    )
-    for part in part_list
-    if f"{group}_{name}" in load_catalog().signals
+    for name in (*GROUP_COUNTERS, *LATEST)
+    if re.sub("_(bucket|sum|count)$", "", f"{group}_{name}") in load_catalog().signals
 }
 """The sample names the tenant and adapter tables read (those the catalog has), read from a live
 agent beside the rules'."""
@@ -553,49 +529,29 @@ GOODPUT_COUNTS = ("goodput_requests_total", "goodput_good_requests_total")
 adapter through their `model` label (the request's adapter: GOODPUT_KEY)."""
 
 
-def _group_latency(frame: Frame, group: str) -> dict[str, dict[tuple[str, str], float]]:
-    """Per (group value, instance): mean TTFT (increase of `_sum` over that of `_count`) and TTFT
-    and ITL quantiles (histogram_quantile over the buckets' increases), all over the whole window.
-    A pair with no request in the window has none of them."""
-    out: dict[str, dict[tuple[str, str], float]] = {}
-    for col, (hist, q) in LATENCY_COLUMNS.items():
-        name = f"{group}_{hist}"
-        if q is None:
-            sums = _per_group(frame, name + "_sum", True, group)
-            counts = _per_group(frame, name + "_count", True, group)
-            out[col] = {k: sums[k] / n for k, n in counts.items() if n > 0 and k in sums}
-            continue
-        got = {}
-        for key, per_le in _bucket_increases(frame, name + "_bucket", group).items():
-            if (v := histogram_quantile(q, list(per_le.items()))) is not None:
-                got[key] = v
-        out[col] = got
-    return out
-
-
 def group_table(frame: Frame, group: str = "tenant") -> pd.DataFrame:
     """Per value of the grouping label `group` (`tenant`, `adapter`) from the `<group>_*` series:
-    requests/s and tokens/s (mean over the window), hit ratio and lost reuse (latest; tenants),
-    TTFT mean and TTFT/ITL quantiles (over the window) and its share of the tapped GPU time
-    (`gpu_time_share`, report/weekly/groups.py); one row per value, or per value and instance when
-    the source has several (two taps, two routing policies): ratios of different instances are
-    not added up. Empty if the source has no such series; a column no row has is left out."""
-    cols = {col: _per_group(frame, f"{group}_{name}", rate, group) for col, (name, rate) in GROUP_COLUMNS.items()}
-    cols.update(_group_latency(frame, group))
-    seconds = _per_group(frame, f"{group}_request_seconds_total", True, group)
-    if seconds:
-        cols[SHARE_COLUMN] = gpu_time_share(pd.Series(seconds)).to_dict()
-    judged, good = (_per_group(frame, name, True, GOODPUT_KEY.get(group, group)) for name in GOODPUT_COUNTS)
-    if judged:
-        cols["goodput (exact)"] = {k: good.get(k, 0.0) / n for k, n in judged.items() if n > 0}
-    keys = sorted({k for c in cols.values() for k in c}, key=lambda k: (_natural(k[0]), _natural(k[1])))
+    the weekly report's table (`group_table` there) over the frame's window, its counts as mean
+    rates, with the hit ratio and lost reuse at the window's end (tenants); one row per value, or
+    per value and instance when the source has several (two taps, two routing policies): ratios
+    of different instances are not added up. Empty if the source has no such series; a column no
+    row has is left out."""
+    start, end = float(frame.ts[0]), float(frame.ts[-1])
+    shared = shared_group_table(columns(frame), start, end, group, by_instance=True)
+    got = {col: shared[col] for col in shared} | {name: _latest(frame, f"{group}_{name}", group) for name in LATEST}
+    cols = {
+        head: got[col] / ((end - start) or 1.0) if col in RATES else got[col]
+        for col, head in GROUP_COLUMNS.items()
+        if col in got and got[col].notna().any()
+    }
+    keys = sorted({k for got in cols.values() for k in got.index}, key=lambda k: tuple(map(_natural, k.split("\0"))))
     if not keys:
         return pd.DataFrame()
-    several = len({inst for _, inst in keys}) > 1
-    cols = {c: v for c, v in cols.items() if v or c in ("requests/s",)}
+    pairs = [tuple(k.split("\0", 1)) for k in keys]
+    several = len({inst for _, inst in pairs}) > 1
     rows = [
-        {group: t, **({"instance": i} if several else {}), **{c: v.get((t, i)) for c, v in cols.items()}}
-        for t, i in keys
+        {group: value, **({"instance": inst} if several else {}), **{head: got.get(k) for head, got in cols.items()}}
+        for k, (value, inst) in zip(keys, pairs, strict=True)
     ]
     return pd.DataFrame(rows)
 

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from kvscope.diagnoser.render import fmt_time, fmt_where
-from kvscope.ui.data import TriageData, group_table
+from kvscope.ui.data import GROUP_COLUMNS, TriageData, group_table
 
 FLEET_GAUGES = {
     "fleet_tenant_hit_jain_ratio": ("Jain index of tenant hit ratios (1 = even)", lambda v: f"{v:.2f}"),
@@ -38,8 +38,10 @@ def render(data: TriageData) -> None:
             "prefix tokens the cache did not deliver / prompt tokens, both over the fairness window at its "
             "end. TTFT is what the request tap measured (client side, network to the engine included; "
             "from traces, the engine's own), mean, p50 and p95 over the window, ITL the gaps between streamed "
-            "chunks. GPU-time share = the tenant's in-flight seconds at the tap over all tenants' "
-            "(docs/requests.md). A tenant served by several instances has a row per instance."
+            "chunks. The SLO columns: the share of requests with a first token within the bound, and without an "
+            "upstream error, as the generated alerts count them. GPU-time share = the tenant's in-flight seconds "
+            "at the tap over all tenants' (docs/requests.md). A tenant served by several instances has a row "
+            "per instance. The weekly report's tenant table is this one, over the week."
         )
     st.header("Adapters")
     slots, in_flight = _peak(data, "engine_lora_max_adapters"), _peak(data, "engine_lora_in_flight_adapters")
@@ -71,6 +73,9 @@ def render(data: TriageData) -> None:
             st.markdown(f"- **{f.title}** on `{fmt_where(f.where)}` since {fmt_time(f.since)}: {f.summary}")
 
 
+PERCENT = ("prefix_hit_ratio", "lost_reuse_ratio", "ttft_slo", "error_slo", "goodput", "gpu_time_share")
+
+
 def _table(table: pd.DataFrame) -> None:
     """One group table (tenants or adapters) with its columns formatted."""
     pct = st.column_config.NumberColumn(format="percent")
@@ -84,9 +89,7 @@ def _table(table: pd.DataFrame) -> None:
             "prompt tok/s": st.column_config.NumberColumn(format="%.0f"),
             "completion tok/s": st.column_config.NumberColumn(format="%.0f"),
             "cached tok/s": st.column_config.NumberColumn(format="%.0f"),
-            "hit ratio (latest)": pct,
-            "lost reuse (latest)": pct,
-            "GPU-time share": pct,
+            **dict.fromkeys((GROUP_COLUMNS[c] for c in PERCENT), pct),
             **{c: seconds for c in table.columns if c.endswith("(s)")},
         },
     )

@@ -32,14 +32,30 @@ QUANTILES = {
 }
 
 
-def group_week(ss: Columns, start: float, end: float, group: str, cost_usd: float | None) -> pd.DataFrame:
-    """Per value of `group` over (start, end]: requests, tokens, hit ratio, TTFT/ITL p50/p95 (from
-    the histograms' bucket increases), SLO attainment (the share of requests with a first token
-    within the TTFT SLO bound, and the share that did not fail upstream: SloConfig, as the
-    generated rules), goodput (exact, from the tap's per-request counts), GPU-time share and
-    its cost (`cost_usd`, the fleet's GPU cost, times the share; absent without GPU series).
-    Empty without `<group>_*` series; a column without data is absent."""
-    keys = ss.label(group, "unknown")
+GOODPUT_KEY = {"tenant": "tenant", "adapter": "model"}
+"""The label of the tap's goodput counters (goodput_*_total{tenant,model}) that carries each
+grouping: the adapter is the request's `model` there."""
+
+
+def group_keys(ss: Columns, label: str, by_instance: bool = False) -> np.ndarray:
+    """Per sid, the row key of the group table: the value of `label` ("unknown" where a series
+    lacks it), joined with the series' instance by a NUL when `by_instance`."""
+    keys = ss.label(label, "unknown")
+    if not by_instance:
+        return keys
+    return np.array([f"{k}\0{i}" for k, i in zip(keys, ss.label("instance"), strict=True)], dtype=object)
+
+
+def group_table(ss: Columns, start: float, end: float, group: str, by_instance: bool = False) -> pd.DataFrame:
+    """The one table per value of `group` (`tenant`, `adapter`; per value and instance with
+    `by_instance`, keys as `group_keys`) over (start, end]: the tap's counters' increases
+    (requests, tokens, errors, in-flight seconds), TTFT/ITL p50/p95 (from the histograms'
+    bucket increases), mean TTFT (`_sum` over `_count`), SLO attainment (the share of requests
+    with a first token within the TTFT SLO bound, and the share that did not fail upstream:
+    SloConfig, as the generated rules), the cache hit ratio (cached over prompt tokens),
+    goodput (exact, from the tap's per-request counts) and the GPU-time share. Empty without
+    `<group>_*` series; a column without data is absent."""
+    keys = group_keys(ss, group, by_instance)
     cols = counters_by(
         ss,
         keys,
@@ -51,6 +67,8 @@ def group_week(ss: Columns, start: float, end: float, group: str, cost_usd: floa
         cached_tokens=f"{group}_cached_tokens_total",
         errors=f"{group}_request_errors_total",
         request_seconds=f"{group}_request_seconds_total",
+        ttft_sum=f"{group}_ttft_seconds_sum",
+        ttft_count=f"{group}_ttft_seconds_count",
     )
     le = ss.label("le", "")
     for hist in ("ttft", "itl"):
@@ -62,39 +80,41 @@ def group_week(ss: Columns, start: float, end: float, group: str, cost_usd: floa
             cols["ttft_slo"] = pd.Series(
                 {k: a.good_lo / a.total for k, a in within.items() if a and a.good_lo == a.good_hi}, dtype=float
             )
+    if group in GOODPUT_KEY:  # per request, as the tap judged it (docs/goodput.md)
+        counts = counters_by(
+            ss,
+            group_keys(ss, GOODPUT_KEY[group], by_instance),
+            start,
+            end,
+            judged="goodput_requests_total",
+            good="goodput_good_requests_total",
+        )
+        if set(counts) == {"judged", "good"}:
+            cols["goodput"] = counts["good"] / counts["judged"].where(counts["judged"] > 0)
     cols = {col: got for col, got in cols.items() if got.notna().any()}
     if not cols:
         return pd.DataFrame()
     df = pd.DataFrame(cols)
+    if {"ttft_sum", "ttft_count"} <= set(df):
+        df["ttft_mean_s"] = df["ttft_sum"] / df["ttft_count"].where(df["ttft_count"] > 0)
     if {"prompt_tokens", "cached_tokens"} <= set(df):
         df["hit_ratio"] = df["cached_tokens"] / df["prompt_tokens"].where(df["prompt_tokens"] > 0)
     if {"errors", "requests"} <= set(df):
         df["error_slo"] = 1 - df["errors"] / df["requests"].where(df["requests"] > 0)
-    if (good := _goodput(ss, group, start, end)) is not None:
-        df["goodput"] = good
     if "request_seconds" in df:
         df["gpu_time_share"] = gpu_time_share(df["request_seconds"].fillna(0.0))
-        if cost_usd is not None:
-            df["cost_usd"] = df["gpu_time_share"] * cost_usd
-    df = df.drop(columns=[c for c in ("errors", "request_seconds") if c in df])
+    return df.drop(columns=[c for c in ("errors", "request_seconds", "ttft_sum", "ttft_count") if c in df])
+
+
+def group_week(ss: Columns, start: float, end: float, group: str, cost_usd: float | None) -> pd.DataFrame:
+    """`group_table` per value of `group` over the week, with each value's GPU cost (`cost_usd`,
+    the fleet's GPU cost, times its GPU-time share; absent without GPU series), largest first."""
+    df = group_table(ss, start, end, group)
+    if df.empty:
+        return df
+    if "gpu_time_share" in df and cost_usd is not None:
+        df["cost_usd"] = df["gpu_time_share"] * cost_usd
     return df.sort_values(df.columns[0], ascending=False)
-
-
-GOODPUT_KEY = {"tenant": "tenant", "adapter": "model"}
-"""The label of the tap's goodput counters (goodput_*_total{tenant,model}) that carries each
-grouping: the adapter is the request's `model` there."""
-
-
-def _goodput(ss: Columns, group: str, start: float, end: float) -> pd.Series | None:
-    """Per value of `group`: the share of the requests the tap judged that met every latency
-    objective, counted per request (exact; docs/goodput.md). None without the tap's counts."""
-    if group not in GOODPUT_KEY:
-        return None
-    keys = ss.label(GOODPUT_KEY[group], "unknown")
-    cols = counters_by(ss, keys, start, end, judged="goodput_requests_total", good="goodput_good_requests_total")
-    if set(cols) != {"judged", "good"}:
-        return None
-    return cols["good"] / cols["judged"].where(cols["judged"] > 0)
 
 
 def _buckets(

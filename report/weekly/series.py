@@ -42,6 +42,8 @@ GROUP_COUNTERS = (
     "request_seconds_total",
     "ttft_seconds_bucket",  # TTFT SLO attainment and quantiles per tenant / adapter (groups.py)
     "itl_seconds_bucket",
+    "ttft_seconds_sum",  # the mean TTFT (the UI's table)
+    "ttft_seconds_count",
 )
 """The request tap's per-group counters (`<group>_<name>`) the tenant and adapter tables read."""
 
