@@ -10,7 +10,7 @@ from typing import Final
 import altair as alt
 import pandas as pd
 
-from kvscope.diagnoser.render import fmt_time
+from kvscope.diagnoser.render import fmt_clock
 
 BAND_COLOUR = "#d62728"
 UTC = alt.Scale(type="utc")
@@ -20,10 +20,10 @@ UTC_CLOCK: Final = "utchoursminutesseconds"  # Final: typed as the literal altai
 
 def incident_label(since: float, until: float, active: bool) -> str:
     """'07:25:51 → 07:27:05 UTC' (or '07:25:51 UTC → now (still active)'): what the band marks."""
-    first = fmt_time(since)[11:19]
+    first = fmt_clock(since)
     if active:
         return f"{first} UTC → end of window (still active)"
-    return f"{first} → {fmt_time(until)[11:]}"
+    return f"{first} → {fmt_clock(until)} UTC"
 
 
 def time_scale(window: tuple[float, float] | None) -> alt.Scale:

@@ -26,7 +26,7 @@ from kvscope.core.objectives import ObjectiveSet
 from kvscope.core.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding, same_place
-from kvscope.diagnoser.render import fmt_time
+from kvscope.diagnoser.render import fmt_clock, fmt_time
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
 from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
 from kvscope.report.render import GROUP_COLUMNS as REPORT_COLUMNS
@@ -576,7 +576,7 @@ def cascade_rows(cascades: Mapping) -> pd.DataFrame:
                 "stage at end of window": stage(r.stage),
                 "root led latency by": "not reached" if r.lead_time_s is None else f"{r.lead_time_s:.0f} s",
                 "onsets (UTC)": " · ".join(
-                    f"{STAGES[n]}{f' (from {r.evicting_from})' if n == 2 else ''} {fmt_time(t)[11:19]}"
+                    f"{STAGES[n]}{f' (from {r.evicting_from})' if n == 2 else ''} {fmt_clock(t)}"
                     for n, t in sorted(r.onsets.items())
                 ),
                 "stages not evaluable": ", ".join(r.not_evaluable) or "none",
