@@ -544,13 +544,13 @@ def group_table(frame: Frame, group: str = "tenant") -> pd.DataFrame:
         for col, head in GROUP_COLUMNS.items()
         if col in got and got[col].notna().any()
     }
-    keys = sorted({k for got in cols.values() for k in got.index}, key=lambda k: tuple(map(_natural, k.split("\0"))))
+    keys = sorted({k for v in cols.values() for k in v.index}, key=lambda k: tuple(map(_natural, k.split("\0"))))
     if not keys:
         return pd.DataFrame()
     pairs = [tuple(k.split("\0", 1)) for k in keys]
     several = len({inst for _, inst in pairs}) > 1
     rows = [
-        {group: value, **({"instance": inst} if several else {}), **{head: got.get(k) for head, got in cols.items()}}
+        {group: value, **({"instance": inst} if several else {}), **{head: v.get(k) for head, v in cols.items()}}
         for k, (value, inst) in zip(keys, pairs, strict=True)
     ]
     return pd.DataFrame(rows)
