@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from kvscope.commands._checks import check_rules_dir
+from kvscope.commands._checks import check_http_url, check_rules_dir
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._objectives import add_objective_flags, objectives_from_args
 
@@ -158,9 +158,12 @@ def run_build(args: argparse.Namespace) -> int:
     from kvscope.diagnoser.rulebook.rule import read_rules
 
     rules = read_rules(args.rules_dir) if args.rules_dir else read_rules()
-    base = args.runbook_base_url
-    if base is not None and not base.startswith(("http://", "https://")):
-        return fail("rules build", f"--runbook-base-url must be an http:// or https:// URL, got {base!r}", 3)
+    try:
+        base = args.runbook_base_url and check_http_url(
+            "--runbook-base-url", args.runbook_base_url, "https://kvscope-ui.example"
+        )
+    except ValueError as exc:
+        return fail("rules build", exc, 3)
     built = build_all(
         slo,
         rules=rules,

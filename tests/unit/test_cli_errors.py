@@ -389,6 +389,13 @@ def test_a_missing_rules_dir_is_an_error_not_zero_rules(capsys, tmp_path, argv):
     assert code == 3 and "--rules-dir:" in err and "is not a directory" in err
 
 
+@pytest.mark.parametrize("url", ["kvscope-ui.example", "ftp://kvscope-ui.example", "https://"])
+def test_a_runbook_base_url_that_is_no_http_url_is_a_usage_error(capsys, tmp_path, url):
+    code, err = run_cli(capsys, "rules", "build", "--runbook-base-url", url, "--out", str(tmp_path / "rules"))
+    assert code == 3 and "--runbook-base-url: expected an http:// or https:// URL" in err and repr(url) in err
+    assert not (tmp_path / "rules").exists()
+
+
 def test_a_rules_dir_without_rule_files_is_an_error(capsys, tmp_path):
     code, err = run_cli(capsys, "rules", "check", "--rules-dir", str(tmp_path))
     assert code == 3 and "no rule files" in err
