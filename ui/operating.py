@@ -16,8 +16,7 @@ import pandas as pd
 from kvscope.core.objectives import Objectives, ObjectiveSet
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point
 from kvscope.diagnoser.curve.points import Point
-from kvscope.diagnoser.curve.report import JudgedChange, PoolCurve, change_notes, pool_name
-from kvscope.diagnoser.render import fmt_time
+from kvscope.diagnoser.curve.report import JudgedChange, PoolCurve, change_heading, change_notes, pool_name
 
 VERDICT_WORDS = {
     "regression": "regression: worse at the same load",
@@ -118,10 +117,7 @@ class ChangeView:
 
 def change_view(j: JudgedChange) -> ChangeView:
     """Heading (time, kind, where, diff, verdict), the deltas at matched load, and both curves."""
-    c = j.change
-    where = f" on {', '.join(c.instances)}" if c.instances else ""
-    diff = ", ".join(f"{k} {a:g} → {b:g}" for k, (a, b) in c.diff.items())
-    heading = f"{c.kind} change at {fmt_time(c.time)}{where}{': ' + diff if diff else ''} — {j.verdict}"
+    heading = f"{change_heading(j)} — {j.verdict}"
     deltas = pd.DataFrame(
         [
             {

@@ -29,6 +29,7 @@ from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points, pl
 from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, curve_step, read_window
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, EngineChange, Evidence, Finding, LeverAdvice
+from kvscope.diagnoser.render import fmt_time
 from kvscope.diagnoser.sources.window import Source
 
 RULE_ID = "regression_after_change"
@@ -529,23 +530,24 @@ def headroom_text(op: Operating) -> str:
 
 def changes_text(pc: PoolCurve) -> list[str]:
     """'What changed in this window' lines of one pool."""
-    from kvscope.core.scalars import iso_utc
-
     out = []
     for j in pc.changes:
-        c = j.change
-        where = f" on {', '.join(c.instances)}" if c.instances else ""
         moved = "; ".join(
             f"{m} {d['before']:.3g} -> {d['after']:.3g} ({100 * d['relative']:+.0f}%)"
             for m, d in j.deltas.items()
             if d["relative"] is not None
         )
-        out.append(
-            f"change {iso_utc(c.time)} {c.kind}{where} {_diff(c.diff)}: {j.verdict}"
-            + (f" [{moved}]" if moved else "")
-            + change_notes(j)
-        )
+        out.append(f"{change_heading(j)}: {j.verdict}" + (f" [{moved}]" if moved else "") + change_notes(j))
     return out
+
+
+def change_heading(j: JudgedChange) -> str:
+    """'<kind> change at <time>[ on <instances>][: <setting> <before> -> <after>]': the CLI's, the
+    webhook's and the UI's one wording of which change it was."""
+    c = j.change
+    where = f" on {', '.join(c.instances)}" if c.instances else ""
+    diff = _diff(c.diff)
+    return f"{c.kind} change at {fmt_time(c.time)}{where}{': ' + diff if diff else ''}"
 
 
 def change_notes(j: JudgedChange) -> str:
