@@ -20,8 +20,8 @@ rows, with the code the raw path uses:
 What differs from the raw path: an interval is the rules' interval (not the scrape interval) and
 a row holds every engine of the pool that was in the bucket then, so the bootstrap resamples
 bucket-intervals, and a change is judged on its whole pool (the records keep no instance); the
-concurrency is the gauges' mean over the interval (no Little's law: the records keep no latency
-sums), and no interval is left out for swinging faster than sampled. On a pool of one engine a row
+concurrency is the records' (Little's law, else the gauges' mean, never the two weighed: records.py),
+and no interval is left out for swinging faster than sampled. On a pool of one engine a row
 is that engine's interval. docs/curve.md "From recording rules".
 """
 
@@ -139,7 +139,8 @@ def _pool_rows(
         rate = np.where(weight > 0, counters["engine_requests_finished_total"] / (weight * interval_s), np.nan)
     iv = Intervals(
         interval_s,
-        f"{CONCURRENCY_SIGNAL} (+ {WAITING} where exported), mean over {interval_s:g} s",
+        f"Little's law on the latency sums where a request finished, else {CONCURRENCY_SIGNAL} (+ {WAITING} where "
+        f"exported), over {interval_s:g} s",
         t_end,
         unit,
         units,

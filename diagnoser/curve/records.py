@@ -5,8 +5,10 @@ a large fleet is gigabytes through the client (docs/curve.md "From recording rul
 the curve's sums instead, at each evaluation of one rule group (every `interval`, each rule
 reading the last `interval` of samples):
 
-1. `kvscope:curve_concurrency:avg` per engine: its concurrency over the interval (the mean of the
-   running gauge, plus waiting where the engine exports its queue, as `intervals.CONCURRENCY`);
+1. `kvscope:curve_concurrency:avg` per engine: the time-average requests in it over the interval
+   (`intervals.CONCURRENCY`), by Little's law from the first of window.LITTLE_SUMS it exports (the
+   rate of the seconds its requests spent in it, where one finished in the interval), else the
+   mean of the running gauge plus waiting where it exports its queue, else of running;
    `kvscope:curve_bucket:avg` the same, labelled with its concurrency bucket
    (`concurrency_bucket`: the bucket's lower edge, points.EDGES; "0" below the first: idle).
 2. Per pool (model x engine) and concurrency bucket, the sums a point is computed from
@@ -24,8 +26,9 @@ of one group run in order at one time, so step 2 reads step 1 of the same evalua
 vmalert in replay mode needs step 1 flushed first).
 
 What differs from the curve read in full: an interval is the rule's `interval` (not the scrape
-interval), its concurrency the mean over it, and no interval is left out for swinging faster
-than sampled; the window's peak is the 99th percentile of the recorded concurrency buckets
+interval), its concurrency Little's law or the gauges' mean, never the two weighed by their errors
+(a rule keeps no per-interval error), and no interval is left out for swinging faster than
+sampled; the window's peak is the 99th percentile of the recorded concurrency buckets
 (interpolated). Prometheus' `increase` extrapolates to the interval's edges; VictoriaMetrics' does
 not.
 """
@@ -38,7 +41,7 @@ from typing import Any
 from kvscope.core.signals import Catalog
 from kvscope.diagnoser.curve.intervals import WAITING
 from kvscope.diagnoser.curve.points import EDGES
-from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, COUNTERS, HISTOGRAMS, MIX_COUNTERS
+from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, COUNTERS, HISTOGRAMS, LITTLE_SUMS, MIX_COUNTERS
 from kvscope.diagnoser.promql.signals import InlineSignals, prom_number
 from kvscope.diagnoser.rulebook.rule import parse_duration
 
@@ -75,9 +78,18 @@ def curve_rules(catalog: Catalog, interval: str = DEFAULT_INTERVAL) -> list[dict
     def over(signal: str, fn: str, outer: str, extra: tuple[str, ...] = ()) -> str:
         return read.read(signal, [], fn=fn, rng=interval, by=(*UNIT, *extra), outer=outer)
 
+    on = f"on ({', '.join(UNIT)})"
+    # Little's law: the seconds the requests spent in the engine per second of the interval, from
+    # the first of LITTLE_SUMS an engine exports, where a request finished in it (else the sum says
+    # nothing of the ones in flight); the gauges' mean where it exports none (as the raw path)
+    little = [
+        f"({f' + {on} '.join(over(f'{h}_sum', 'rate', 'sum') for h in names)}) and {on} "
+        f"({over(f'{names[-1]}_count', 'increase', 'sum')} > 0)"
+        for names in LITTLE_SUMS
+    ]
     running = over(CONCURRENCY_SIGNAL, "avg_over_time", "max")
     waiting = over(WAITING, "avg_over_time", "max")
-    conc = f"({running} + on ({', '.join(UNIT)}) {waiting}) or {running}"
+    conc = " or ".join(f"({x})" for x in [*little, f"{running} + {on} {waiting}", running])
     now = _this_evaluation(interval)
     branches = [
         f'label_replace({now(f"{PREFIX}concurrency:avg")} >= {prom_number(lo)} < {prom_number(hi)}, "{BUCKET}", '

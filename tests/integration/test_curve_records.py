@@ -4,10 +4,11 @@ a real vLLM recording (curve-vllm-staircase: one engine, closed-loop levels of 1
 generated rule file at a 10 s interval.
 
 The truth is computed here from the recording's raw samples with plain Python, at the times the
-TSDB evaluated the rules: per interval (t - 10 s, t], the requests in the engine (the mean of
-vLLM's running gauge plus the mean of its waiting gauge), its concurrency bucket, and each TTFT
-bucket's increase (the last sample at or before t less the last at or before t - 10 s, as
-VictoriaMetrics' `increase` reads a counter without resets). Expected before the run: every
+TSDB evaluated the rules: per interval (t - 10 s, t], the requests in the engine (Little's law:
+the increase of vLLM's queue plus inference time sums over the interval's seconds, where a
+request finished in it; else the mean of its running gauge plus the mean of its waiting gauge),
+its concurrency bucket, and each TTFT bucket's increase (the last sample at or before t less the
+last at or before t - 10 s, as VictoriaMetrics' `increase` reads a counter without resets). Expected before the run: every
 bucket's interval count and TTFT requests equal the truth's, its p50/p99 equal the quantiles of
 the truth's merged buckets, its RPS and 95 % interval the mean and normal interval of the
 truth's finished requests per interval, and `kvscope curve --recorded` prints those points.
@@ -36,12 +37,17 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDING = ROOT / "tests" / "recordings" / "curve-vllm-staircase.om.gz"
 INTERVAL_S = 10
 pytestmark = [pytest.mark.needs("victoria-metrics"), pytest.mark.needs("vmalert"), pytest.mark.servers]
+LITTLE = (
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_inference_time_seconds_sum",
+    "vllm:request_inference_time_seconds_count",
+)
 SAMPLE = re.compile(r"^([a-z_:]+)(\{[^}]*\})? (\S+) (\S+)$")
 
 
 def _raw() -> dict[str, list[tuple[float, float]]]:
     """(time, value) of the recording's running, waiting, finished-request (by reason) and TTFT
-    bucket (by le) series."""
+    bucket (by le) series, and the queue and inference time sums and the inference count."""
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
     with gzip.open(RECORDING, "rt") as fh:
         for line in fh:
@@ -49,7 +55,7 @@ def _raw() -> dict[str, list[tuple[float, float]]]:
             if not m:
                 continue
             name, labels, value, ts = m.groups()
-            if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            if name in ("vllm:num_requests_running", "vllm:num_requests_waiting", *LITTLE):
                 out[name].append((float(ts), float(value)))
             elif name == "vllm:request_success_total":
                 reason = re.search(r'finished_reason="([^"]+)"', labels or "").group(1)
@@ -80,6 +86,8 @@ def _truth(raw: dict, times: list[float]) -> dict[float, dict]:
         if means[0] is None:
             continue
         conc = means[0] + (means[1] or 0.0)
+        if _increase(raw[LITTLE[2]], t) > 0:  # Little's law where a request finished in the interval
+            conc = (_increase(raw[LITTLE[0]], t) + _increase(raw[LITTLE[1]], t)) / INTERVAL_S
         edges = [0.0, *EDGES.tolist()]
         k = max(i for i, e in enumerate(edges) if conc >= e)
         if k == len(edges) - 1:
