@@ -8,10 +8,11 @@ TSDB evaluated the rules: per interval (t - 10 s, t], the requests in the engine
 the increase of vLLM's queue plus inference time sums over the interval's seconds, where a
 request finished in it; else the mean of its running gauge plus the mean of its waiting gauge),
 its concurrency bucket, and each TTFT bucket's increase (the last sample at or before t less the
-last at or before t - 10 s, as VictoriaMetrics' `increase` reads a counter without resets). Expected before the run: every
-bucket's interval count and TTFT requests equal the truth's, its p50/p99 equal the quantiles of
-the truth's merged buckets, its RPS and 95 % interval the mean and normal interval of the
-truth's finished requests per interval, and `kvscope curve --recorded` prints those points.
+last at or before t - 10 s, as VictoriaMetrics' `increase` reads a counter without resets).
+Expected before the run: every bucket's interval count and TTFT requests equal the truth's, its
+p50/p99 equal the quantiles of the truth's merged buckets, its RPS and 95 % interval the mean and
+normal interval of the truth's finished requests per interval, and `kvscope curve --recorded`
+prints those points.
 """
 
 from __future__ import annotations
