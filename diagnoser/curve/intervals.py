@@ -3,7 +3,8 @@
 One row per (instance, interval) where the concurrency signal is present: the requests in the
 engine over the interval (`little_concurrency`: Little's law on the latency histograms' sums,
 weighed against the gauges' mean by their uncertainty; the gauges alone where the engine exports
-no such sum), waiting and KV usage (the mean of the gauges around the interval: WINDOW_S), the
+no such sum), waiting (the same from the queue-time sum, else the gauge) and KV usage (the mean of
+the gauges around the interval: WINDOW_S), the
 reset-aware increases of the counters (a counter that drops was reset: the increase is the value
 after it, as in Prometheus) and of every histogram bucket. Absent stays NaN: a signal the engine
 does not export never reads as zero.
@@ -36,6 +37,11 @@ from kvscope.diagnoser.evaluate.frame import Block, Frame
 
 Pool = tuple[str, str]  # (model, engine)
 WAITING = "engine_requests_waiting"
+QUEUE_SUM = LITTLE_SUMS[0][0]
+"""The queue-time histogram (vLLM request_queue_time_seconds): its sum's increase over a span is the
+seconds the requests that finished in it spent waiting, so the queue's time-average is read from it
+as the requests in the engine are (Little's law), weighed with the waiting gauge's mean: a gauge
+sampled every 30 s reads an empty queue between bursts that the sum integrates."""
 WINDOW_S = 10.0
 """Gauges are read as their mean over the samples within about this span around an interval (at
 least its two ends): at a 2 s scrape, a request's arrival or finish moves the gauge more than
@@ -268,6 +274,19 @@ def little_concurrency(
     return np.where(bad, np.nan, value), np.where(bad, np.nan, err)
 
 
+def integrated(
+    ends: np.ndarray, seconds: np.ndarray, done: np.ndarray, drops: np.ndarray, step: float, half: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`little_concurrency` over the span around each interval, and over the interval alone where
+    that span is cut (a scrape gap, the window's edge)."""
+    value, err = little_concurrency(ends, seconds, done, drops, step, half)
+    if half:
+        alone, alone_err = little_concurrency(ends, seconds, done, drops, step, 0)
+        cut = np.isnan(value)
+        value, err = np.where(cut, alone, value), np.where(cut, alone_err, err)
+    return value, err
+
+
 def arrival_rate(finished: np.ndarray, ends: np.ndarray, drops: np.ndarray, step: float, half: int) -> np.ndarray:
     """Requests that reached the engine per second, per unit and interval, over the span of
     intervals i-half..i+half (the interval alone where that span is cut): the finished requests in
@@ -342,6 +361,7 @@ def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
         iv = Intervals(frame.step, signal, frame.ts[1:][i_idx], u_idx, units)
         iv.resets = drops[u_idx, i_idx]
         half = int(round(WINDOW_S / frame.step / 2)) if frame.step > 0 else 0
+        spread = {}
         for name, g in gauges.items():
             win = np.lib.stride_tricks.sliding_window_view(
                 np.pad(g, ((0, 0), (half, half)), constant_values=np.nan), 2 + 2 * half, axis=1
@@ -349,28 +369,29 @@ def pool_intervals(frame: Frame) -> dict[Pool, Intervals]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows stay NaN
                 iv.gauges[name] = np.nanmean(win, axis=1)
-                if name == CONCURRENCY:  # the standard error of that mean
-                    n = (~np.isnan(win)).sum(axis=1)
-                    iv.spread = np.nanstd(win, axis=1, ddof=1) / np.sqrt(n)
+                if name in (CONCURRENCY, WAITING):  # the standard error of that mean
+                    spread[name] = np.nanstd(win, axis=1, ddof=1) / np.sqrt((~np.isnan(win)).sum(axis=1))
+        iv.spread = spread[CONCURRENCY]
         iv.counters = {name: c[u_idx, i_idx] for name, c in counters.items()}
         iv.hists = {h: (les, arr[u_idx, :, i_idx]) for h, (les, arr) in hists.items()}
         iv.little_weight = np.zeros(len(u_idx))
         seconds, done, iv.little_sum = _little_sums(frame, index, n_t)
         if iv.little_sum is not None:
-            little, little_err = little_concurrency(conc, seconds, done, drops, frame.step, half)
-            if half:  # where the span is cut (a scrape gap, the window's edge): the interval alone
-                alone, alone_err = little_concurrency(conc, seconds, done, drops, frame.step, 0)
-                cut = np.isnan(little)
-                little, little_err = np.where(cut, alone, little), np.where(cut, alone_err, little_err)
             # the gauges' mean misses what moves between its samples: at least the error of the
             # arrivals and finishes in the span (about two per finished request) placed anywhere
             # in their interval, sqrt(events / 12) / intervals
             finished, _, lo, hi = _window_sum(done, half)
-            floor = np.sqrt(2 * np.nan_to_num(finished) / 12.0) / (hi - lo)
-            gauge_err = np.fmax(iv.spread, floor[u_idx, i_idx])
+            floor = (np.sqrt(2 * np.nan_to_num(finished) / 12.0) / (hi - lo))[u_idx, i_idx]
+            little, little_err = integrated(conc, seconds, done, drops, frame.step, half)
             iv.gauges[CONCURRENCY], iv.spread, iv.little_weight = weigh(
-                little[u_idx, i_idx], little_err[u_idx, i_idx], iv.gauges[CONCURRENCY], gauge_err
+                little[u_idx, i_idx], little_err[u_idx, i_idx], iv.gauges[CONCURRENCY], np.fmax(iv.spread, floor)
             )
+            queued = _counter(frame.block(f"{QUEUE_SUM}_sum"), index, n_t)[0]
+            if not np.isnan(queued).all():  # the queue the same way: its time-average from the queue-time sum
+                wait, wait_err = integrated(conc, queued, done, drops, frame.step, half)
+                iv.gauges[WAITING] = weigh(
+                    wait[u_idx, i_idx], wait_err[u_idx, i_idx], iv.gauges[WAITING], np.fmax(spread[WAITING], floor)
+                )[0]
         arrivals = arrival_rate(counters["engine_requests_finished_total"], conc, drops, frame.step, half)
         iv.gauges[ARRIVAL_RATE] = arrivals[u_idx, i_idx]
         running_seen = running[~np.isnan(running)]

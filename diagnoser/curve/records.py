@@ -13,7 +13,8 @@ reading the last `interval` of samples):
    (`concurrency_bucket`: the bucket's lower edge, points.EDGES; "0" below the first: idle).
 2. Per pool (model x engine) and concurrency bucket, the sums a point is computed from
    (points.BucketSums): the intervals and their concurrency, each histogram bucket's increase, each
-   counter's increase and its square, the KV usage and waiting gauges and how many intervals
+   counter's increase and its square, the KV usage gauge's and the waiting's mean (from the
+   queue-time sum where a request finished, as the concurrency, else the gauge) and how many intervals
    had them, and the prompt tokens (the token mix a change is compared at). Each joins the
    engine's increases to its bucket of the same interval.
 3. Per pool, `kvscope:curve_restarts:count`: the restarts (drops of an engine's counters) in the last
@@ -39,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvscope.core.signals import Catalog
-from kvscope.diagnoser.curve.intervals import WAITING
+from kvscope.diagnoser.curve.intervals import QUEUE_SUM, WAITING
 from kvscope.diagnoser.curve.points import EDGES
 from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, COUNTERS, HISTOGRAMS, LITTLE_SUMS, MIX_COUNTERS
 from kvscope.diagnoser.promql.signals import InlineSignals, prom_number
@@ -82,11 +83,13 @@ def curve_rules(catalog: Catalog, interval: str = DEFAULT_INTERVAL) -> list[dict
     # Little's law: the seconds the requests spent in the engine per second of the interval, from
     # the first of LITTLE_SUMS an engine exports, where a request finished in it (else the sum says
     # nothing of the ones in flight); the gauges' mean where it exports none (as the raw path)
+    finished = [f"{on} ({over(f'{names[-1]}_count', 'increase', 'sum')} > 0)" for names in LITTLE_SUMS]
     little = [
-        f"({f' + {on} '.join(over(f'{h}_sum', 'rate', 'sum') for h in names)}) and {on} "
-        f"({over(f'{names[-1]}_count', 'increase', 'sum')} > 0)"
-        for names in LITTLE_SUMS
+        f"({f' + {on} '.join(over(f'{h}_sum', 'rate', 'sum') for h in names)}) and {done}"
+        for names, done in zip(LITTLE_SUMS, finished, strict=True)
     ]
+    # the queue the same way where the engine exports its queue-time sum (intervals.QUEUE_SUM)
+    queued = f"({over(f'{QUEUE_SUM}_sum', 'rate', 'sum')} and {finished[0]})"
     running = over(CONCURRENCY_SIGNAL, "avg_over_time", "max")
     waiting = over(WAITING, "avg_over_time", "max")
     conc = " or ".join(f"({x})" for x in [*little, f"{running} + {on} {waiting}", running])
@@ -115,6 +118,7 @@ def curve_rules(catalog: Catalog, interval: str = DEFAULT_INTERVAL) -> list[dict
         rules.append({"record": f"{PREFIX}{c}:intervals", "expr": f"count by ({pool}) ({inc} * {one})"})
     for g in GAUGES:
         mean = over(g, "avg_over_time", "max")
+        mean = f"({queued} or ({mean}))" if g == WAITING else mean
         rules.append({"record": f"{PREFIX}{g}:sum", "expr": f"sum by ({pool}) ({mean} * {one})"})
         rules.append({"record": f"{PREFIX}{g}:intervals", "expr": f"count by ({pool}) ({mean} * {one})"})
     for c in MIX_COUNTERS:  # the token mix a change is compared at (compare.MIX)

@@ -68,9 +68,11 @@ def test_staircase_knee_and_c_max_against_the_engine_truth():
     meta = _meta(STAIRS)
     (pc,) = pool_curves(_frame(STAIRS), slo_s=1.0)
     levels = meta["phases"]
-    # No knee in the engine's own numbers: nothing ever waits, and p50 climbs with p99 (the engine's
-    # steps slow down on a saturated 2-core box) instead of staying flat while p99 leaves it (§8.1).
-    assert all(pt.waiting == 0 for pt in pc.points)
+    # No knee in the engine's own numbers: nothing waits (the queue-time sum reads under a hundredth
+    # of a request queued on average, the scheduler's own hand-off), and p50 climbs with p99 (the
+    # engine's steps slow down on a saturated 2-core box) instead of staying flat while p99 leaves
+    # it (§8.1).
+    assert all(pt.waiting < 0.01 for pt in pc.points)
     assert levels[-1]["engine_ttft_p50_s"] > 1.5 * levels[0]["engine_ttft_p50_s"]
     assert pc.operating.knee_concurrency is None and pc.operating.knee_signs == []
     # C_max lies between the highest level whose engine p99 met the SLO and the first that broke it.

@@ -20,20 +20,24 @@ from tests.unit.test_curve import BASE, LES, synth
 POOL = ("m", "vllm")
 
 
-def with_sums(frame: Frame, seconds: list[float], done: list[float], names=("request_queue_seconds",)) -> Frame:
+def with_sums(
+    frame: Frame, seconds: list[float], done: list[float], names=("request_inference_seconds",), queued=None
+) -> Frame:
     """`frame` plus latency histograms' `_sum` and `_count` whose increases in interval i (grid
     point i to i+1) are seconds[i] and done[i]: the time the requests that finished in it spent in
-    the engine, and how many they were. With one name, it stands for queue + inference: the
-    queue's sum carries all the time and the inference sum none."""
+    the engine, and how many they were. With the inference histogram alone, it stands for queue +
+    inference: the queue's sum carries `queued` of those seconds (none by default) and the
+    inference sum the rest."""
     lab = make_labels(BASE)
-    total = np.concatenate([[0.0], np.cumsum(seconds)])[None, :]
-    count = np.concatenate([[0.0], np.cumsum(done)])[None, :]
+    cum = lambda x: np.concatenate([[0.0], np.cumsum(x)])[None, :]  # noqa: E731
+    count = cum(done)
     blocks = dict(frame.blocks)
-    if names == ("request_queue_seconds",):
-        blocks["request_inference_seconds_sum"] = Block([lab], np.zeros_like(total))
-        blocks["request_inference_seconds_count"] = Block([lab], count)
+    if names == ("request_inference_seconds",):
+        queue = np.zeros(len(seconds)) if queued is None else np.asarray(queued)
+        blocks["request_queue_seconds_sum"] = Block([lab], cum(queue))
+        seconds = list(np.asarray(seconds) - queue)
     for h in names:
-        blocks[f"{h}_sum"] = Block([lab], total)
+        blocks[f"{h}_sum"] = Block([lab], cum(seconds))
         blocks[f"{h}_count"] = Block([lab], count)
     return Frame(ts=frame.ts, blocks=blocks)
 
@@ -118,13 +122,29 @@ def test_weigh_by_inverse_variance():
     assert err[0] == pytest.approx(1 / math.sqrt(2)) and err[2] == 2.0
 
 
+def test_a_queue_between_scrapes_is_read_from_the_queue_sum():
+    """At 30 s scrapes the waiting gauge catches an empty queue at every sample, while the
+    queue-time sum says 3 requests waited on average (requests of 3 s, 1 s of it queued): the
+    point's waiting is read from the sum, as its concurrency is. Where the engine exports no queue
+    sum (e2e alone), the gauge is all there is."""
+    n = 30
+    gauges = synth([9.0] * n, waiting=lambda c: 0.0, step=30.0)
+    frame = with_sums(gauges, [9 * 30.0] * (n - 1), [3 * 30.0] * (n - 1), queued=[3 * 30.0] * (n - 1))
+    (pt,) = pool_curves(frame)[0].points
+    assert pt.waiting == pytest.approx(3.0, abs=0.1)
+    e2e = with_sums(gauges, [9 * 30.0] * (n - 1), [3 * 30.0] * (n - 1), names=("request_e2e_seconds",))
+    (pt,) = pool_curves(e2e)[0].points
+    assert pt.waiting == 0.0
+
+
 def max_num_seqs_staircase(
     cap: int = 16, levels=(1, 2, 4, 8, 12, 16, 24, 32, 48), dwell_s: float = 20.0, step: float = 2.0
 ) -> Frame:
     """A closed-loop staircase on an engine that runs at most `cap` requests: running min(c, cap),
     the rest waiting. Every request's TTFT moves with the queue, median and tail alike (as on the
     shared CPU box): all of an interval's requests in (0.05, 0.1] s up to the cap, in (0.1, 0.25] s
-    past it, so p99 never leaves p50 (p50 doubles with it). The sums integrate c (requests of 1 s)."""
+    past it, so p99 never leaves p50 (p50 doubles with it). The sums integrate c (requests of 1 s),
+    the queue's sum its waiting part."""
     per = int(dwell_s / step)
     conc = [float(c) for c in levels for _ in range(per)]
     frame = synth(conc, waiting=lambda c: max(0.0, c - cap), step=step)
@@ -137,7 +157,8 @@ def max_num_seqs_staircase(
     blocks = dict(frame.blocks)
     blocks["request_ttft_seconds_bucket"] = Block(ttft.labels, buckets)
     seconds = [c * step for c in conc[1:]]
-    return with_sums(Frame(ts=frame.ts, blocks=blocks), seconds, seconds)
+    queued = [max(0.0, c - cap) * step for c in conc[1:]]
+    return with_sums(Frame(ts=frame.ts, blocks=blocks), seconds, seconds, queued=queued)
 
 
 def test_the_knee_of_a_max_num_seqs_engine_is_where_running_pins_and_requests_wait():
@@ -167,6 +188,9 @@ def test_kv_full_with_requests_waiting_places_a_knee():
     blocks["engine_kv_cache_usage_ratio"] = Block([lab], kv[None, :])
     blocks["engine_requests_waiting"] = Block([lab], waiting[None, :])
     blocks["engine_requests_running"] = Block([lab], (conc - waiting)[None, :])
+    queued = np.concatenate([[0.0], np.cumsum(waiting[1:] * 2.0)])[None, :]  # the queue's sum says the same
+    blocks["request_queue_seconds_sum"] = Block([lab], queued)
+    blocks["request_inference_seconds_sum"] = Block([lab], frame.block("request_inference_seconds_sum").values - queued)
     (pc,) = pool_curves(Frame(ts=frame.ts, blocks=blocks))
     assert pc.operating.knee_sign == "kv_full" and pc.operating.knee_concurrency == pytest.approx(12, abs=1)
 
