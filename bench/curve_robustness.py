@@ -26,8 +26,8 @@ counted by the shorter side's length in scrape intervals (the after side less th
 leaves a restarted engine to warm up): a 40 s side scraped every 15 or 30 s holds no interval
 after that, which no estimate can decide on. The knee: `curve-vllm-max-num-seqs` (levels of 20 s) and
 `-long` (90 s), whose saturation level is computed from the recorder's own numbers
-(testbed/curve_record.py); right when the knee lies between the in-flight means of the levels
-before and after it, placed by a sign.
+(testbed/curve_record.py); right when the knee lies within the in-flight means of that level and
+the ones before and after it (the lowest to the highest of the three), placed by a sign.
 
     .venv/bin/python bench/curve_robustness.py [--only NAME ...] [--scrapes 2 15 30] [--detail]
 """
@@ -178,7 +178,8 @@ def change_cells(name: str, meta: dict, source: RecordingSource, scrape_s: float
 def knee_cell(name: str, meta: dict, source: RecordingSource, scrape_s: float) -> Cell:
     levels = meta["phases"]
     sat = saturation_level(levels)
-    lo, hi = levels[sat - 1]["engine_in_flight_mean"], levels[sat + 1]["engine_in_flight_mean"]
+    near = [lv["engine_in_flight_mean"] for lv in levels[sat - 1 : sat + 2]]  # a level's mean need not order them
+    lo, hi = min(near), max(near)
     truth = f"{levels[sat]['name']}: {lo:.1f}..{hi:.1f}"
     (pc,) = pool_curves(read_window(source, None, None, source.natural_step()))
     op = pc.operating

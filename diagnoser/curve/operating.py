@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from kvscope.core.objectives import Objectives
-from kvscope.diagnoser.curve.points import Point
+from kvscope.diagnoser.curve.points import MIN_INTERVALS, Point
 
 DEFAULT_SLO_TTFT_P99_S = float(Objectives().ttft or 0.0)
 """The default TTFT objective (core/objectives.py), the bound the generated SLO rules burn on."""
@@ -135,24 +135,45 @@ def _placements(
     return dense, signs, [_placed_by(s, others) for s in signs]
 
 
+def _knee_index(points: list[Point], p: KneeParams, running_max: float | None) -> tuple[list[Point], int | None]:
+    """(the measured buckets, the index of the lowest one placed with the next, None: none)."""
+    dense, _, placed = _placements(points, p, running_max)
+    return dense, next((i for i in range(len(dense)) if placed[i] and (i + 1 == len(dense) or placed[i + 1])), None)
+
+
+def unmeasured_below_knee(
+    points: list[Point], p: KneeParams = KneeParams(), running_max: float | None = None
+) -> tuple[float, float, int] | None:
+    """(the last unsaturated measured concurrency, the first saturated one, the intervals between)
+    where the window held the load between them as long as a point needs (MIN_INTERVALS) but spread
+    over buckets each too thin to read: saturation may begin anywhere there, so no knee is placed.
+    None otherwise (fewer intervals between are the passage from one load to the next)."""
+    dense, at = _knee_index(points, p, running_max)
+    if not at:
+        return None
+    lo, hi = dense[at - 1].concurrency, dense[at].concurrency
+    between = sum(pt.intervals for pt in points if pt.sparse and lo < pt.concurrency < hi)
+    return (lo, hi, between) if between >= MIN_INTERVALS else None
+
+
 def knee(
     points: list[Point], p: KneeParams = KneeParams(), running_max: float | None = None
 ) -> tuple[float | None, list[str], str | None]:
     """The knee's concurrency, the signs seen there and the sign that placed it, or (None, [], None)
     when the data shows none; `running_max`: the most requests the window saw running (None: the
     running_pinned sign is not read). A knee at the lowest measured bucket is below the measured
-    range: (None, [], None) as well (`knee_below_range` says so)."""
+    range (`knee_below_range`), and one above load the window visited too thinly to read is not
+    placed (`unmeasured_below_knee`): (None, [], None) for both."""
     dense, signs, placed = _placements(points, p, running_max)
-    for i in range(len(dense)):
-        if placed[i] and (i + 1 == len(dense) or placed[i + 1]):
-            return (None, [], None) if i == 0 else (dense[i].concurrency, sorted(signs[i]), placed[i])
-    return None, [], None
+    at = _knee_index(points, p, running_max)[1]
+    if not at or unmeasured_below_knee(points, p, running_max):
+        return None, [], None
+    return dense[at].concurrency, sorted(signs[at]), placed[at]
 
 
 def knee_below_range(points: list[Point], p: KneeParams = KneeParams(), running_max: float | None = None) -> bool:
     """Whether the lowest measured bucket and the next are saturated already (the knee is below them)."""
-    _, _, placed = _placements(points, p, running_max)
-    return bool(placed and placed[0] and placed[1])
+    return _knee_index(points, p, running_max)[1] == 0
 
 
 P99_FIELDS = {"ttft": "ttft_p99_s", "tpot": "tpot_p99_s", "e2e": "e2e_p99_s"}
@@ -212,8 +233,16 @@ def operating_point(
     c, rps, note = c_max(points, slo_s, objectives)
     gap = (c / slo_s) / rps if c is not None and rps else None
     notes = []
+    between = unmeasured_below_knee(points, p, running_max)
     if k is None and knee_below_range(points, p, running_max):
         notes.append("saturated from the lowest measured concurrency: the knee is below the measured range")
+    elif between:
+        lo, hi, n = between
+        notes.append(
+            f"the knee lies between {lo:.3g} and {hi:.3g} in the engine: saturated at {hi:.3g}, not at {lo:.3g}; "
+            f"the {n} intervals between are spread over buckets too thin to read, and more traffic at that load "
+            "would place it"
+        )
     elif k is None and len([pt for pt in points if not pt.sparse]) >= 3:
         notes.append(
             "no knee in the measured range: the running batch is not pinned at its cap with requests waiting, "

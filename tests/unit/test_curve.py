@@ -107,6 +107,19 @@ def test_sparse_bucket_is_flagged_and_not_a_knee():
     assert knee(pts) == (None, [], None)
 
 
+def test_no_knee_above_load_held_too_thinly_to_read():
+    """Saturated at 12 (waiting, the tail at 2.5 s), not at 3; between them the window held its
+    load for 6 intervals spread over three buckets, each too thin to read: saturation may begin
+    anywhere there, so no knee is placed, and the note says between which loads it lies."""
+    conc = [1.0] * 8 + [2.0] * 8 + [3.0] * 8 + [4.2, 6.0, 8.5] * 3 + [12.0] * 8 + [16.0] * 8
+    (pc,) = pool_curves(synth(conc), slo_s=1.0)
+    dense = [p.concurrency for p in pc.points if not p.sparse]
+    between = [p.intervals for p in pc.points if p.sparse and 3 < p.concurrency < 12]
+    assert dense == pytest.approx([1, 2, 3, 12, 16], abs=0.3) and sum(between) >= 5
+    assert pc.operating.knee_concurrency is None
+    assert any(n.startswith("the knee lies between 2.94 and 11.8 in the engine") for n in pc.operating.notes)
+
+
 def test_counter_reset_inside_a_bucket():
     plain = curve_points(pool_intervals(synth(STAIRS))[("m", "vllm")])
     (pc,) = pool_curves(synth(STAIRS, resets=(5, 12)))  # restarts inside the c=1 and c=2 buckets
