@@ -57,7 +57,7 @@ from kvscope.diagnoser.rulebook.rule import parse_duration  # noqa: E402
 from kvscope.diagnoser.sources.promapi import MAX_POINTS  # noqa: E402
 from kvscope.diagnoser.sources.prometheus import selector_for, wire_pattern  # noqa: E402
 from testbed.fleetgen.capture_fleet import import_capture_fleet  # noqa: E402
-from testbed.victoria import replay_in_order, reset_cache, running_victoria  # noqa: E402
+from testbed.victoria import delete_series, replay_in_order, reset_cache, running_victoria  # noqa: E402
 
 GOAL_S = 30.0  # issue 36 item 6: 1000 engines x 7 days end to end
 BATCH_POINTS = 4_000_000
@@ -141,19 +141,23 @@ def raw_fetch(
 
 def records(data: Path, url: str, start: float, end: float, interval: str) -> dict:
     """kvscope-curve.yml at `interval` replayed by vmalert over the window (what a TSDB evaluating
-    the rules live spreads over the week), once per dataset and rule text; its seconds."""
+    the rules live spreads over the week), once per dataset and rule text; its seconds. One rule
+    text's records at a time: an earlier text's records share their names, and kept beside the new
+    ones every sum of the records would count each interval twice."""
     name, groups = curve_file(load_catalog(), interval)
     text = render_rule_file(groups, "# kvscope-curve.yml as `kvscope rules build --curve-interval` writes it\n")
-    tag = hashlib.sha256(text.encode()).hexdigest()[:12]
-    marker = data.parent / f"records-{interval}-{tag}.json"
-    if not marker.exists():
-        rules = data.parent / f"{name}.{tag}"
+    want = {"interval": interval, "rules": hashlib.sha256(text.encode()).hexdigest()[:12]}
+    marker = data.parent / "records.json"
+    done = json.loads(marker.read_text()) if marker.exists() else {}
+    if {k: done.get(k) for k in want} != want:
+        delete_series(url, '{__name__=~"kvscope:curve_.+"}')
+        rules = data.parent / f"{name}.{want['rules']}"
         rules.write_text(text)
-        logs = data.parent / f"replay-{tag}"
+        logs = data.parent / f"replay-{want['rules']}"
         logs.mkdir(exist_ok=True)
         l0 = load()
         took = replay_in_order(url, rules, start - parse_duration(interval), end, logs)
-        marker.write_text(json.dumps({"replay_s": took, "load": [l0, load()]}))
+        marker.write_text(json.dumps(want | {"replay_s": took, "load": [l0, load()]}))
     return json.loads(marker.read_text())
 
 

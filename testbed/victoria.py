@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import re
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,6 +77,14 @@ def reset_cache(url: str) -> None:
     """Empty VictoriaMetrics' rollup cache (so that a command cannot reuse an earlier one's work)."""
     with urllib.request.urlopen(url + "/internal/resetRollupResultCache", timeout=30) as resp:  # noqa: S310
         resp.read()
+
+
+def delete_series(url: str, match: str) -> None:
+    """Delete every series `match` selects (VictoriaMetrics' admin API), and the caches with them."""
+    query = urllib.parse.urlencode({"match[]": match})
+    with urllib.request.urlopen(f"{url}/api/v1/admin/tsdb/delete_series?{query}", timeout=60) as resp:  # noqa: S310
+        resp.read()
+    reset_cache(url)
 
 
 def prometheus_text_lines(path: Path, shift_s: float = 0.0) -> Iterator[str]:
