@@ -492,9 +492,12 @@ def render_text(curves: list[PoolCurve], slo_s: float) -> str:
 
 
 def knee_text(op: Operating) -> str:
-    """Where the knee is, with the signs seen there, or that the data shows none."""
+    """Where the knee is, with the signs seen there, or that the data shows none (the notes say why)."""
     if op.knee_concurrency is None:
-        return "Knee: none in the measured range (TTFT p99 does not leave p50 with another sign of saturation)."
+        explained = any("knee" in n for n in op.notes)  # operating_point says why it placed none
+        return "Knee: none in the measured range (" + (
+            "see the notes)." if explained else "fewer than 3 concurrency buckets hold enough data to read one)."
+        )
     where = f"at {op.knee_concurrency:g} requests in the engine per instance"
     return f"Knee: {where} (placed by {op.knee_sign}; signs: {', '.join(op.knee_signs)})."
 

@@ -13,7 +13,7 @@ from kvscope.core.signals import make_labels
 from kvscope.diagnoser.curve.intervals import pool_intervals
 from kvscope.diagnoser.curve.operating import knee
 from kvscope.diagnoser.curve.points import curve_points
-from kvscope.diagnoser.curve.report import pool_curves, regression_findings, render_text, to_json
+from kvscope.diagnoser.curve.report import knee_text, pool_curves, regression_findings, render_text, to_json
 from kvscope.diagnoser.evaluate.frame import Block, Frame
 
 LES = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, math.inf]
@@ -118,6 +118,7 @@ def test_no_knee_above_load_held_too_thinly_to_read():
     assert dense == pytest.approx([1, 2, 3, 12, 16], abs=0.3) and sum(between) >= 5
     assert pc.operating.knee_concurrency is None
     assert any(n.startswith("the knee lies between 2.94 and 11.8 in the engine") for n in pc.operating.notes)
+    assert knee_text(pc.operating) == "Knee: none in the measured range (see the notes)."
 
 
 def test_counter_reset_inside_a_bucket():
