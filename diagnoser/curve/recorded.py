@@ -44,7 +44,14 @@ from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, operating_
 from kvscope.diagnoser.curve.points import EDGES, MIN_INTERVALS, MIN_REQUESTS, BucketSums, Point, point_of
 from kvscope.diagnoser.curve.records import BOUNDS, BUCKET, FILE, GAUGES, PREFIX, RESTART_SPAN_S
 from kvscope.diagnoser.curve.report import SETTLE_S, PoolCurve, curve_shift, judge
-from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, CONFIG_GAUGES, COUNTERS, HISTOGRAMS, MIX_COUNTERS
+from kvscope.diagnoser.curve.window import (
+    CONCURRENCY_SIGNAL,
+    CONFIG_GAUGES,
+    COUNTERS,
+    HISTOGRAMS,
+    LITTLE_SUMS,
+    MIX_COUNTERS,
+)
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.sources import SourceError
 from kvscope.diagnoser.sources.promapi import PromClient, as_points
@@ -366,8 +373,18 @@ def read_recorded(
             )
         labels = {k: v for k, v in (("model", name), ("engine", engine)) if v}
         total = int(sum(counts.values()))
-        out.append(PoolCurve(labels, points, op, judged, total, None, iv.signal, interval_s))
+        out.append(PoolCurve(labels, points, op, judged, total, None, iv.signal, interval_s, ESTIMATOR))
     return out
+
+
+ESTIMATOR = {
+    "method": "littles_law|gauges",
+    "sum": " or ".join(" + ".join(names) for names in LITTLE_SUMS),
+    "littles_law_weight": None,
+}
+"""How the records' concurrency is estimated (records.py): Little's law on the first of the sums an
+engine exports where a request finished in the interval, else the gauges' mean; which of the two an
+engine-interval used is not recorded, so no weight."""
 
 
 def recorded_curves(

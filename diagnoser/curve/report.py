@@ -466,7 +466,7 @@ def render_text(curves: list[PoolCurve], slo_s: float) -> str:
         how = pc.estimator or {}
         little = (
             f"Little's law on {how['sum']} sums, weight {_f(how['littles_law_weight'], '{:.2f}')}, with "
-            if how.get("sum")
+            if how.get("method") == "littles_law+gauges"  # the records' signal says how they estimate
             else ""
         )
         lines.append(f"pool {pool_name(pc)}  (concurrency per instance: {little}{pc.signal}; {pc.intervals} intervals)")

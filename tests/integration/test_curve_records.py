@@ -76,7 +76,8 @@ def _increase(series: list[tuple[float, float]], t: float) -> float:
 
 
 def _truth(raw: dict, times: list[float]) -> dict[float, dict]:
-    """Per concurrency bucket (its lower edge; 0: idle): intervals and merged TTFT buckets."""
+    """Per concurrency bucket (its lower edge; 0: idle): intervals, merged TTFT buckets, finished
+    requests and the waiting per interval."""
     les = sorted(float(k[3:]) for k in raw if k.startswith("le="))
     out: dict[float, dict] = {}
     for t in times:
@@ -86,9 +87,10 @@ def _truth(raw: dict, times: list[float]) -> dict[float, dict]:
             means.append(sum(inside) / len(inside) if inside else None)
         if means[0] is None:
             continue
-        conc = means[0] + (means[1] or 0.0)
+        conc, waiting = means[0] + (means[1] or 0.0), means[1]
         if _increase(raw[LITTLE[2]], t) > 0:  # Little's law where a request finished in the interval
             conc = (_increase(raw[LITTLE[0]], t) + _increase(raw[LITTLE[1]], t)) / INTERVAL_S
+            waiting = _increase(raw[LITTLE[0]], t) / INTERVAL_S
         edges = [0.0, *EDGES.tolist()]
         k = max(i for i, e in enumerate(edges) if conc >= e)
         if k == len(edges) - 1:
@@ -96,11 +98,13 @@ def _truth(raw: dict, times: list[float]) -> dict[float, dict]:
         incs = [_increase(raw[f"le={le}"], t) for le in les]
         finished = sum(_increase(series, t) for key, series in raw.items() if key.startswith("finished="))
         got = out.setdefault(
-            edges[k], {"intervals": 0, "merged": np.zeros(len(les)), "les": np.array(les), "finished": []}
+            edges[k],
+            {"intervals": 0, "merged": np.zeros(len(les)), "les": np.array(les), "finished": [], "waiting": []},
         )
         got["intervals"] += 1
         got["merged"] += incs
         got["finished"].append(finished)
+        got["waiting"].append(waiting)
     return out
 
 
@@ -133,6 +137,7 @@ def test_the_records_hold_the_truths_intervals_requests_and_quantiles_per_bucket
     (pool,) = json.loads(capsys.readouterr().out)["pools"]
     assert pool["labels"] == {"model": "tiny-llama", "engine": "vllm"}
     assert pool["changes"] == [] and pool["coarse_share"] is None
+    assert pool["concurrency_estimator"]["method"] == "littles_law|gauges"
     assert any("curve records" in n for n in pool["operating"]["notes"])
     points = {p["bucket"][0]: p for p in pool["points"]}
     assert sorted(points) == sorted(busy)
@@ -144,6 +149,9 @@ def test_the_records_hold_the_truths_intervals_requests_and_quantiles_per_bucket
         assert p["requests"] == pytest.approx(merged[-1], abs=1e-9), lo
         assert p["ttft_p50_s"] == pytest.approx(quantile_ci(0.5, want["les"], merged)[0], rel=1e-9), lo
         assert p["ttft_p99_s"] == pytest.approx(quantile_ci(0.99, want["les"], merged)[0], rel=1e-9), lo
+        # the rule's rate() divides by its samples' own span (their scrape times jitter), the truth by
+        # the interval: within 1 %
+        assert p["waiting"] == pytest.approx(np.mean(want["waiting"]), rel=1e-2, abs=1e-9), lo
         rates = np.array(want["finished"]) / INTERVAL_S  # finished requests per second, per interval
         assert p["rps"] == pytest.approx(rates.mean(), rel=1e-9), lo
         if len(rates) > 1:
