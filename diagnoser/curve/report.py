@@ -111,7 +111,7 @@ class PoolCurve:
     coarse_share: float | None = 0.0  # None: not measured (the curve's records)
     signal: str = CONCURRENCY_SIGNAL
     step: float = 0.0
-    estimator: dict | None = None  # how the concurrency was estimated (`estimator`); None: the records
+    estimator: dict | None = None  # how the concurrency was estimated (`estimator`; the records: recorded.ESTIMATOR)
 
     def to_dict(self) -> dict:
         op = self.operating
