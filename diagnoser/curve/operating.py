@@ -135,10 +135,15 @@ def _placements(
     return dense, signs, [_placed_by(s, others) for s in signs]
 
 
-def _knee_index(points: list[Point], p: KneeParams, running_max: float | None) -> tuple[list[Point], int | None]:
-    """(the measured buckets, the index of the lowest one placed with the next, None: none)."""
-    dense, _, placed = _placements(points, p, running_max)
-    return dense, next((i for i in range(len(dense)) if placed[i] and (i + 1 == len(dense) or placed[i + 1])), None)
+def _first_placed(placed: list[str | None]) -> int | None:
+    """The lowest measured bucket placed together with the next one (the knee is a region)."""
+    return next((i for i in range(len(placed)) if placed[i] and (i + 1 == len(placed) or placed[i + 1])), None)
+
+
+def _thin_between(points: list[Point], dense: list[Point], at: int) -> tuple[float, float, int] | None:
+    lo, hi = dense[at - 1].concurrency, dense[at].concurrency
+    between = sum(pt.intervals for pt in points if pt.sparse and lo < pt.concurrency < hi)
+    return (lo, hi, between) if between >= MIN_INTERVALS else None
 
 
 def unmeasured_below_knee(
@@ -148,12 +153,9 @@ def unmeasured_below_knee(
     where the window held the load between them as long as a point needs (MIN_INTERVALS) but spread
     over buckets each too thin to read: saturation may begin anywhere there, so no knee is placed.
     None otherwise (fewer intervals between are the passage from one load to the next)."""
-    dense, at = _knee_index(points, p, running_max)
-    if not at:
-        return None
-    lo, hi = dense[at - 1].concurrency, dense[at].concurrency
-    between = sum(pt.intervals for pt in points if pt.sparse and lo < pt.concurrency < hi)
-    return (lo, hi, between) if between >= MIN_INTERVALS else None
+    dense, _, placed = _placements(points, p, running_max)
+    at = _first_placed(placed)
+    return _thin_between(points, dense, at) if at else None
 
 
 def knee(
@@ -165,15 +167,15 @@ def knee(
     range (`knee_below_range`), and one above load the window visited too thinly to read is not
     placed (`unmeasured_below_knee`): (None, [], None) for both."""
     dense, signs, placed = _placements(points, p, running_max)
-    at = _knee_index(points, p, running_max)[1]
-    if not at or unmeasured_below_knee(points, p, running_max):
+    at = _first_placed(placed)
+    if not at or _thin_between(points, dense, at):
         return None, [], None
     return dense[at].concurrency, sorted(signs[at]), placed[at]
 
 
 def knee_below_range(points: list[Point], p: KneeParams = KneeParams(), running_max: float | None = None) -> bool:
     """Whether the lowest measured bucket and the next are saturated already (the knee is below them)."""
-    return _knee_index(points, p, running_max)[1] == 0
+    return _first_placed(_placements(points, p, running_max)[2]) == 0
 
 
 P99_FIELDS = {"ttft": "ttft_p99_s", "tpot": "tpot_p99_s", "e2e": "e2e_p99_s"}

@@ -13,9 +13,9 @@ reading the last `interval` of samples):
    (`concurrency_bucket`: the bucket's lower edge, points.EDGES; "0" below the first: idle).
 2. Per pool (model x engine) and concurrency bucket, the sums a point is computed from
    (points.BucketSums): the intervals and their concurrency, each histogram bucket's increase, each
-   counter's increase and its square, the KV usage gauge's and the waiting's mean (from the
-   queue-time sum where a request finished, as the concurrency, else the gauge) and how many intervals
-   had them, and the prompt tokens (the token mix a change is compared at). Each joins the
+   counter's increase and its square, the means of KV usage and of waiting (from the queue-time
+   sum where a request finished, as the concurrency, else the gauge) and how many intervals had
+   them, and the prompt tokens (the token mix a change is compared at). Each joins the
    engine's increases to its bucket of the same interval.
 3. Per pool, `kvscope:curve_restarts:count`: the restarts (drops of an engine's counters) in the last
    RESTART_SPAN_S (a restarted engine's series has a gap that a shorter range would not span):
