@@ -125,8 +125,8 @@ def test_weigh_by_inverse_variance():
 def test_a_queue_between_scrapes_is_read_from_the_queue_sum():
     """At 30 s scrapes the waiting gauge catches an empty queue at every sample, while the
     queue-time sum says 3 requests waited on average (requests of 3 s, 1 s of it queued): the
-    point's waiting is read from the sum, as its concurrency is. Where the engine exports no queue
-    sum (e2e alone), the gauge is all there is."""
+    point's waiting is read from the sum, as its concurrency is, also beside an e2e sum alone (as
+    SGLang exports them). Where the engine exports no queue sum, the gauge is all there is."""
     n = 30
     gauges = synth([9.0] * n, waiting=lambda c: 0.0, step=30.0)
     frame = with_sums(gauges, [9 * 30.0] * (n - 1), [3 * 30.0] * (n - 1), queued=[3 * 30.0] * (n - 1))
@@ -135,6 +135,9 @@ def test_a_queue_between_scrapes_is_read_from_the_queue_sum():
     e2e = with_sums(gauges, [9 * 30.0] * (n - 1), [3 * 30.0] * (n - 1), names=("request_e2e_seconds",))
     (pt,) = pool_curves(e2e)[0].points
     assert pt.waiting == 0.0
+    queue = Block([make_labels(BASE)], np.arange(n, dtype=float)[None, :] * 3 * 30.0)
+    (pt,) = pool_curves(Frame(ts=e2e.ts, blocks=e2e.blocks | {"request_queue_seconds_sum": queue}))[0].points
+    assert pt.waiting == pytest.approx(3.0, abs=0.1)
 
 
 def max_num_seqs_staircase(
