@@ -83,15 +83,14 @@ def curve_rules(catalog: Catalog, interval: str = DEFAULT_INTERVAL) -> list[dict
     # Little's law: the seconds the requests spent in the engine per second of the interval, from
     # the first of LITTLE_SUMS an engine exports, where a request finished in it (else the sum says
     # nothing of the ones in flight); the gauges' mean where it exports none (as the raw path)
-    finished = [f"{on} ({over(f'{names[-1]}_count', 'increase', 'sum')} > 0)" for names in LITTLE_SUMS]
+    finished = [f"({over(f'{names[-1]}_count', 'increase', 'sum')} > 0)" for names in LITTLE_SUMS]
     little = [
-        f"({f' + {on} '.join(over(f'{h}_sum', 'rate', 'sum') for h in names)}) and {done}"
+        f"({f' + {on} '.join(over(f'{h}_sum', 'rate', 'sum') for h in names)}) and {on} {done}"
         for names, done in zip(LITTLE_SUMS, finished, strict=True)
     ]
     # the queue the same way where the engine exports its queue-time sum (intervals.QUEUE_SUM),
     # where a request finished by the first count it exports (the raw path's `done`)
-    done = " or ".join(f"({over(f'{names[-1]}_count', 'increase', 'sum')} > 0)" for names in LITTLE_SUMS)
-    queued = f"({over(f'{QUEUE_SUM}_sum', 'rate', 'sum')} and {on} ({done}))"
+    queued = f"({over(f'{QUEUE_SUM}_sum', 'rate', 'sum')} and {on} ({' or '.join(finished)}))"
     running = over(CONCURRENCY_SIGNAL, "avg_over_time", "max")
     waiting = over(WAITING, "avg_over_time", "max")
     conc = " or ".join(f"({x})" for x in [*little, f"{running} + {on} {waiting}", running])
