@@ -89,7 +89,8 @@ def curve_rules(catalog: Catalog, interval: str = DEFAULT_INTERVAL) -> list[dict
         for names, done in zip(LITTLE_SUMS, finished, strict=True)
     ]
     # the queue the same way where the engine exports its queue-time sum (intervals.QUEUE_SUM),
-    # where a request finished by the first count it exports (the raw path's `done`)
+    # where any count it exports rose (they count the same finished requests; the raw path reads
+    # the first it exports)
     queued = f"({over(f'{QUEUE_SUM}_sum', 'rate', 'sum')} and {on} ({' or '.join(finished)}))"
     running = over(CONCURRENCY_SIGNAL, "avg_over_time", "max")
     waiting = over(WAITING, "avg_over_time", "max")
