@@ -27,9 +27,11 @@ leaves a restarted engine to warm up): a 40 s side scraped every 15 or 30 s hold
 after that, which no estimate can decide on. The knee: `curve-vllm-max-num-seqs` (levels of 20 s) and
 `-long` (90 s), whose saturation level is computed from the recorder's own numbers
 (testbed/curve_record.py); right when the knee lies within the in-flight means of that level and
-the ones before and after it (the lowest to the highest of the three), placed by a sign.
+the ones before and after it (the lowest to the highest of the three), placed by a sign. With
+`--seeds`, every cell is judged again at each bootstrap seed (the product's is fixed), and the
+cells whose outcome moves with the seed are listed: a verdict only some replicates give.
 
-    .venv/bin/python bench/curve_robustness.py [--only NAME ...] [--scrapes 2 15 30] [--detail]
+    .venv/bin/python bench/curve_robustness.py [--only NAME ...] [--scrapes 2 15 30] [--detail] [--seeds N ...]
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pathlib import Path
 
 import yaml
 
+from kvscope.diagnoser.curve import bootstrap
 from kvscope.diagnoser.curve.compare import Thresholds
 from kvscope.diagnoser.curve.operating import PLACING
 from kvscope.diagnoser.curve.report import ENGINE_VERDICTS, SETTLE_S, pool_curves
@@ -206,18 +209,36 @@ def sources(name: str, scrapes: list[float], tmp: Path):
         yield s, RecordingSource(out)
 
 
-def run(names: list[str], scrapes: list[float]) -> list[Cell]:
+def run(names: list[str], scrapes: list[float], seeds: list[int]) -> dict[int, list[Cell]]:
+    """The cells per bootstrap seed (the knee reads no bootstrap: the same at every seed)."""
     th = Thresholds()
-    cells: list[Cell] = []
+    cells: dict[int, list[Cell]] = {seed: [] for seed in seeds}
     with tempfile.TemporaryDirectory(prefix="kvs-curve-bench-") as tmp:
         for name in names:
             meta = _meta(name)
             for s, source in sources(name, scrapes, Path(tmp)):
-                if name.startswith(KNEE):
-                    cells.append(knee_cell(name, meta, source, s))
-                else:
-                    cells.extend(change_cells(name, meta, source, s, th))
+                for seed in seeds:
+                    bootstrap.SEED = seed
+                    if name.startswith(KNEE):
+                        cells[seed].append(knee_cell(name, meta, source, s))
+                    else:
+                        cells[seed].extend(change_cells(name, meta, source, s, th))
     return cells
+
+
+def over_seeds(cells: dict[int, list[Cell]]) -> str:
+    """Each seed's totals, and the cells whose outcome moved with the seed: a verdict that only
+    one seed's replicates give is the bootstrap's noise, not the data's."""
+    out = [f"seed {seed}: " + totals(c).splitlines()[0].removeprefix("all: ") for seed, c in cells.items()]
+    moved = [
+        " / ".join(f"{c.got} ({c.outcome})" for c in row)
+        + f": {row[0].recording.removeprefix('curve-shape-')} {row[0].scrape_s:g} s {row[0].change}"
+        for row in zip(*cells.values(), strict=True)
+        if len({c.outcome for c in row}) > 1
+    ]
+    wrong = sum(any(c.outcome == "wrong" for c in row) for row in zip(*cells.values(), strict=True))
+    out.append(f"cells whose outcome moved with the seed: {len(moved)}; wrong at any seed: {wrong}")
+    return "\n".join(out + [f"  {m}" for m in moved])
 
 
 def table(cells: list[Cell]) -> str:
@@ -283,12 +304,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", help=f"recordings (default: {', '.join(shapes)})")
     ap.add_argument("--detail", action="store_true", help="one row per cell, with the engine truth")
     ap.add_argument("--scrapes", nargs="+", type=float, default=[2.0, 15.0, 30.0], help="scrape intervals, s")
+    ap.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[bootstrap.SEED],
+        help="bootstrap seeds: the table and totals are the first's; with more, which cells move with the seed",
+    )
     a = ap.parse_args(argv)
     t = time.monotonic()
-    cells = run(a.only or shapes, a.scrapes)
+    by_seed = run(a.only or shapes, a.scrapes, a.seeds)
+    cells = by_seed[a.seeds[0]]
     print(table(cells) if a.detail else compact(cells))
     print()
     print(totals(cells))
+    if len(by_seed) > 1:
+        print(over_seeds(by_seed))
     print(f"wall: {time.monotonic() - t:.0f} s")
     return 0
 
