@@ -19,7 +19,10 @@ of these signs that holds there (`knee_sign`), each read from what the engine ex
 
 The signs must hold at the next measured bucket too (the knee is a region). None when the data
 shows no knee, and None (with a note) when the lowest measured bucket is saturated already: the
-knee is below the measured range and is never extrapolated.
+knee is below the measured range and is never extrapolated. Where the measured buckets place none,
+the signs are read over every bucket, sparse ones too, and the knee is placed where a sign holds at
+every bucket above a load and at none below it, each side holding as many intervals as a point
+(`_held_above`, with a note).
 C_max (§8.3): where TTFT p99 crosses the SLO, interpolated between the last bucket under it and
 the first over it; the usable RPS is the RPS there. The Little's Law gap (§8.3): the ceiling
 C_max / SLO over the usable RPS (under 2 the curve is consistent). Headroom: the window's peak
@@ -124,15 +127,31 @@ def _placed_by(s: set[str], others: bool) -> str | None:
 
 
 def _placements(
-    points: list[Point], p: KneeParams, running_max: float | None
+    points: list[Point], p: KneeParams, running_max: float | None, thin: bool = False
 ) -> tuple[list[Point], list[set[str]], list[str | None]]:
-    """(the measured buckets, the signs at each, the sign that would place a knee there)."""
-    dense = [pt for pt in points if not pt.sparse]
+    """(the measured buckets, the signs at each, the sign that would place a knee there); `thin`:
+    every bucket, sparse ones too."""
+    dense = points if thin else [pt for pt in points if not pt.sparse]
     if len(dense) < 3:
         return [], [], []
     signs = _signs(dense, p, running_max)
     others = any(pt.output_tokens_per_s is not None or pt.waiting is not None for pt in dense)
     return dense, signs, [_placed_by(s, others) for s in signs]
+
+
+def _held_above(points: list[Point], placed: list[str | None]) -> int | None:
+    """Where no knee is read from the measured buckets: over every bucket, sparse ones too
+    (`placed`: the sign that would place a knee at each), the lowest from which a sign places the
+    knee at every bucket up to the highest, where no bucket below them shows one (a sign at a thin
+    load below says saturation may begin lower) and the buckets above and those below each hold
+    MIN_INTERVALS intervals together (as many as one point needs). Each bucket alone is too thin
+    to read, but saturation shown at every load the window visited above it, and none below, is
+    the knee's region read whole. None otherwise."""
+    at = len(placed)
+    while at and placed[at - 1]:
+        at -= 1
+    held = min(sum(pt.intervals for pt in side) for side in (points[:at], points[at:])) >= MIN_INTERVALS
+    return at if 0 < at < len(placed) and held and not any(placed[:at]) else None
 
 
 def _first_placed(placed: list[str | None]) -> int | None:
@@ -158,19 +177,38 @@ def unmeasured_below_knee(
     return _thin_between(points, dense, at) if at else None
 
 
+def _knee(
+    points: list[Point], p: KneeParams, running_max: float | None
+) -> tuple[Point, set[str], str, Point | None] | None:
+    """(the knee's bucket, the signs there, the sign that placed it, and where it was read over
+    buckets each too thin alone the unsaturated bucket below it, else None), or None."""
+    dense, signs, placed = _placements(points, p, running_max)
+    at = _first_placed(placed)
+    if at == 0:
+        return None
+    if at is not None and not _thin_between(points, dense, at):
+        return dense[at], signs[at], placed[at] or "", None
+    _, signs, placed = _placements(points, p, running_max, thin=True)
+    at = _held_above(points, placed)
+    if at is None:
+        return None
+    return points[at], signs[at], placed[at] or "", points[at - 1]
+
+
 def knee(
     points: list[Point], p: KneeParams = KneeParams(), running_max: float | None = None
 ) -> tuple[float | None, list[str], str | None]:
     """The knee's concurrency, the signs seen there and the sign that placed it, or (None, [], None)
     when the data shows none; `running_max`: the most requests the window saw running (None: the
     running_pinned sign is not read). A knee at the lowest measured bucket is below the measured
-    range (`knee_below_range`), and one above load the window visited too thinly to read is not
-    placed (`unmeasured_below_knee`): (None, [], None) for both."""
-    dense, signs, placed = _placements(points, p, running_max)
-    at = _first_placed(placed)
-    if not at or _thin_between(points, dense, at):
-        return None, [], None
-    return dense[at].concurrency, sorted(signs[at]), placed[at]
+    range (`knee_below_range`): (None, [], None). Where the measured buckets place none, or one
+    above load the window visited too thinly to read (`unmeasured_below_knee`), the knee is read
+    over every bucket (`_held_above`), else (None, [], None)."""
+    return _knee_tuple(_knee(points, p, running_max))
+
+
+def _knee_tuple(found: tuple[Point, set[str], str, Point | None] | None) -> tuple[float | None, list[str], str | None]:
+    return (None, [], None) if found is None else (found[0].concurrency, sorted(found[1]), found[2])
 
 
 def knee_below_range(points: list[Point], p: KneeParams = KneeParams(), running_max: float | None = None) -> bool:
@@ -231,13 +269,21 @@ def operating_point(
 ) -> Operating:
     """Knee, C_max, usable RPS, Little's Law gap and headroom of one pool's points; `running_max`:
     the most requests the window saw running (the running_pinned sign's cap; None: not read)."""
-    k, signs, placing = knee(points, p, running_max)
+    found = _knee(points, p, running_max)
+    k, signs, placing = _knee_tuple(found)
     c, rps, note = c_max(points, slo_s, objectives)
     gap = (c / slo_s) / rps if c is not None and rps else None
     notes = []
     between = unmeasured_below_knee(points, p, running_max)
     if k is None and knee_below_range(points, p, running_max):
         notes.append("saturated from the lowest measured concurrency: the knee is below the measured range")
+    elif found and found[3] is not None:
+        n = sum(pt.intervals for pt in points if pt.concurrency >= found[0].concurrency)
+        notes.append(
+            f"the knee is read over buckets each too thin to read alone: a sign of saturation holds at every load "
+            f"from {k:.3g} in the engine up ({n} intervals; {placing} at {k:.3g}), not at "
+            f"{found[3].concurrency:.3g}; more traffic at that load would place it closer"
+        )
     elif between:
         lo, hi, n = between
         notes.append(

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from kvscope.core.signals import make_labels
 from kvscope.diagnoser.curve.intervals import pool_intervals
-from kvscope.diagnoser.curve.operating import knee
+from kvscope.diagnoser.curve.operating import PLACING, knee, operating_point
 from kvscope.diagnoser.curve.points import curve_points
 from kvscope.diagnoser.curve.report import knee_text, pool_curves, regression_findings, render_text, to_json
 from kvscope.diagnoser.evaluate.frame import Block, Frame
@@ -107,18 +108,40 @@ def test_sparse_bucket_is_flagged_and_not_a_knee():
     assert knee(pts) == (None, [], None)
 
 
-def test_no_knee_above_load_held_too_thinly_to_read():
-    """Saturated at 12 (waiting, the tail at 2.5 s), not at 3; between them the window held its
-    load for 6 intervals spread over three buckets, each too thin to read: saturation may begin
-    anywhere there, so no knee is placed, and the note says between which loads it lies."""
+def test_knee_read_over_buckets_too_thin_alone():
+    """Saturated from 6 (waiting, the tail at 2.5 s, throughput flat), not at 3; between 3 and 12
+    the window held its load for 9 intervals spread over buckets each too thin to read. Every one
+    of them from the first saturated load up shows a sign, and together with 12 and 16 they hold
+    far more than a point's intervals: the knee is read there, within the bucket where saturation
+    begins (a bucket is x1.41 wide), and the note says it was read over thin buckets."""
     conc = [1.0] * 8 + [2.0] * 8 + [3.0] * 8 + [4.2, 6.0, 8.5] * 3 + [12.0] * 8 + [16.0] * 8
     (pc,) = pool_curves(synth(conc), slo_s=1.0)
     dense = [p.concurrency for p in pc.points if not p.sparse]
     between = [p.intervals for p in pc.points if p.sparse and 3 < p.concurrency < 12]
     assert dense == pytest.approx([1, 2, 3, 12, 16], abs=0.3) and sum(between) >= 5
-    assert pc.operating.knee_concurrency is None
-    assert any(n.startswith("the knee lies between 2.94 and 11.8 in the engine") for n in pc.operating.notes)
-    assert knee_text(pc.operating) == "Knee: none in the measured range (see the notes)."
+    op = pc.operating
+    assert op.knee_concurrency is not None and 6 / 1.41 <= op.knee_concurrency <= 6 * 1.41
+    assert op.knee_sign in PLACING
+    assert any(n.startswith("the knee is read over buckets each too thin to read alone") for n in op.notes)
+    assert not any(n.startswith("the knee lies between") for n in op.notes)
+
+
+def test_no_knee_where_thin_buckets_disagree():
+    """The same window with its thin bucket at 7.25 read unsaturated (no queue, the tail at the
+    median's, throughput still gaining) between the saturated thin 5.1 and the dense 12: a sign at
+    a thin load that a higher one does not hold, so saturation may begin anywhere between 3 and
+    12. No knee is placed, and the note says between which loads it lies."""
+    conc = [1.0] * 8 + [2.0] * 8 + [3.0] * 8 + [4.2, 6.0, 8.5] * 3 + [12.0] * 8 + [16.0] * 8
+    (pc,) = pool_curves(synth(conc), slo_s=1.0)
+    calm = [
+        replace(p, waiting=0.0, ttft_p99_s=0.0995, output_tokens_per_s=90.0) if p.concurrency == 7.25 else p
+        for p in pc.points
+    ]
+    assert [p.sparse for p in calm if 5 < p.concurrency < 8] == [True, True]
+    op = operating_point(calm, peak=16.0, slo_s=1.0)
+    assert op.knee_concurrency is None
+    assert any(n.startswith("the knee lies between 2.94 and 11.8 in the engine") for n in op.notes), op.notes
+    assert knee_text(op) == "Knee: none in the measured range (see the notes)."
 
 
 def test_counter_reset_inside_a_bucket():
