@@ -110,7 +110,7 @@ def test_sparse_bucket_is_flagged_and_not_a_knee():
 
 def test_knee_read_over_buckets_too_thin_alone():
     """Saturated from 6 (waiting, the tail at 2.5 s, throughput flat), not at 3; between 3 and 12
-    the window held its load for 9 intervals spread over buckets each too thin to read. Every one
+    the window held its load for 7 intervals spread over buckets each too thin to read. Every one
     of them from the first saturated load up shows a sign, and together with 12 and 16 they hold
     far more than a point's intervals: the knee is read there, within the bucket where saturation
     begins (a bucket is x1.41 wide), and the note says it was read over thin buckets."""
@@ -142,6 +142,19 @@ def test_no_knee_where_thin_buckets_disagree():
     assert op.knee_concurrency is None
     assert any(n.startswith("the knee lies between 2.94 and 11.8 in the engine") for n in op.notes), op.notes
     assert knee_text(op) == "Knee: none in the measured range (see the notes)."
+
+
+def test_no_knee_read_over_thin_buckets_without_enough_below():
+    """The same saturated thin buckets, but the load under them held for 2 intervals only (the
+    lowest buckets dropped, 3 left thin): no unsaturated side read as long as a point needs, so
+    where saturation begins is not known and no knee is placed."""
+    conc = [1.0] * 8 + [2.0] * 8 + [3.0] * 8 + [4.2, 6.0, 8.5] * 3 + [12.0] * 8 + [16.0] * 8
+    (pc,) = pool_curves(synth(conc), slo_s=1.0)
+    short = [
+        replace(p, intervals=1, sparse=True) if p.concurrency < 3.5 else p for p in pc.points if p.concurrency > 2.5
+    ]
+    assert sum(p.intervals for p in short if p.concurrency < 5) == 2
+    assert operating_point(short, peak=16.0, slo_s=1.0).knee_concurrency is None
 
 
 def test_counter_reset_inside_a_bucket():
