@@ -49,11 +49,11 @@ def detect_engine(expo: Exposition, catalog: Catalog | None = None) -> str | Non
     another voted dialect's companion (its series ride along in that one's payload) never wins."""
     catalog = catalog or load_catalog()
     votes: Counter[str] = Counter()
-    for sample in expo.samples:
-        name = fold_name(sample.name, catalog)
+    for raw_name, count in Counter(sample.name for sample in expo.samples).items():
+        name = fold_name(raw_name, catalog)
         for dialect in catalog.dialects.values():
             if name.startswith(dialect.detect):
-                votes[dialect.name] += 1
+                votes[dialect.name] += count
     riders = {c for d in votes for c in catalog.dialects[d].companions}  # LMCache inside vLLM: vLLM's payload
     votes = Counter({d: n for d, n in votes.items() if d not in riders}) or votes
     return votes.most_common(1)[0][0] if votes else None

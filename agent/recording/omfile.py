@@ -237,9 +237,13 @@ def group_scrapes(samples: Iterable[RawSample], max_targets: int = 0, path: str 
     `path`) at the first target past `max_targets` (0: no cap)."""
     groups: dict[tuple[str, str, float], Scrape] = {}
     targets: set[tuple[str, str]] = set()
+    split: dict[Labels, tuple[str, str, Labels]] = {}  # a series' labels -> job, instance, the rest: split once
     for raw in samples:
-        rest = dict(raw.labels)  # the parser refuses a repeated label name
-        job, instance = rest.pop("job", ""), rest.pop("instance", "")
+        hit = split.get(raw.labels)
+        if hit is None:
+            rest = dict(raw.labels)  # the parser refuses a repeated label name
+            hit = split[raw.labels] = (rest.pop("job", ""), rest.pop("instance", ""), tuple(rest.items()))
+        job, instance, labels = hit
         ts = raw.timestamp if raw.timestamp is not None else 0.0
         scrape = groups.get((job, instance, ts))
         if scrape is None:
@@ -250,7 +254,7 @@ def group_scrapes(samples: Iterable[RawSample], max_targets: int = 0, path: str 
                     f"target, or raise the cap with {RecordingLimits.FLAGS['max_targets']}"
                 )
             scrape = groups[(job, instance, ts)] = Scrape(job=job, instance=instance, timestamp=ts, up=True)
-        scrape.samples.append(RawSample(raw.name, tuple(rest.items()), raw.value, raw.timestamp))
+        scrape.samples.append(RawSample(raw.name, labels, raw.value, raw.timestamp))
     for scrape in groups.values():
         _split_scrape_series(scrape)
     return [groups[k] for k in sorted(groups)]

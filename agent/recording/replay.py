@@ -24,7 +24,7 @@ from typing import Any
 
 from kvscope.agent.derive.gpu_join import derive_engine_gpu
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
-from kvscope.agent.normalize.dialect import detect_engine, normalize
+from kvscope.agent.normalize.dialect import MappingMemo, detect_engine, normalize
 from kvscope.agent.recording.omfile import RecordingLimits, read_recording, scrapes_by_target
 from kvscope.agent.scrape.exposition import Exposition
 from kvscope.agent.serve.export import KVSCOPE_PREFIX, signal_of
@@ -83,8 +83,9 @@ service discovery puts them there); the engine<->GPU join matches engines to GPU
 def parse_target_labels(samples: list) -> dict[str, str]:
     """The TARGET_LABELS that have one value on every one of a target's raw samples."""
     out: dict[str, str] = {}
+    label_sets = [dict(labels) for labels in {r.labels for r in samples}]  # a series' labels are read once
     for key in TARGET_LABELS:
-        values = {dict(r.labels).get(key) for r in samples}
+        values = {labels.get(key) for labels in label_sets}
         if len(values) == 1 and (value := values.pop()) is not None and value != "":
             out[key] = value
     return out
@@ -110,6 +111,7 @@ def replay_recording(
         if engine is None and any(kvscope_signal(s.name, catalog) for s in union.samples):
             engine = KVSCOPE
         out.engines[instance] = engine
+        memo = MappingMemo()  # as the live collector keeps one per target: a series seen before is a lookup
         for sc in target_scrapes:
             out.samples.append(Sample("kvscope_target_up", make_labels(target), 1.0 if sc.up else 0.0, sc.timestamp))
             if not sc.samples:
@@ -118,7 +120,12 @@ def replay_recording(
                 out.samples.extend(parse_kvscope_samples(sc.samples, target, sc.timestamp, catalog))
                 continue
             norm = normalize(
-                Exposition(samples=sc.samples, types=whole.types), engine, found | sc.labels, sc.timestamp, catalog
+                Exposition(samples=sc.samples, types=whole.types),
+                engine,
+                found | sc.labels,
+                sc.timestamp,
+                catalog,
+                memo,
             )
             out.samples.extend(norm.samples)
             out.unmapped[instance] += norm.unmapped
