@@ -40,12 +40,13 @@ demo: setup-runtime
 setup-llamacpp: setup
 	@if [ -x scripts/install-llamacpp.sh ]; then bash scripts/install-llamacpp.sh; fi
 
-# Fast checks, no engine installs: ruff (lint and format), mypy over the package as it installs, the unit tests.
+# Fast checks, no engine installs: ruff (lint and format), mypy over the package as it installs, the unit tests
+# (one pytest-xdist worker per logical CPU: they are CPU-bound and independent).
 check: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) scripts/typecheck.py
-	$(PY) -m pytest -q -x tests/unit
+	$(PY) -m pytest -q -x -n logical tests/unit
 
 typecheck: setup
 	$(PY) scripts/typecheck.py
