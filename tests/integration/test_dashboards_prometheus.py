@@ -14,12 +14,14 @@ import os
 import re
 import subprocess
 from collections import defaultdict
+from itertools import groupby
+from operator import attrgetter
 from pathlib import Path
 
 import pytest
 import yaml
 
-from kvscope.agent.derive.cascade import evaluate_cascade, render_cascade_samples
+from kvscope.agent.derive.cascade import CASCADE_SIGNALS, CascadeWindow
 from kvscope.agent.recording.omfile import read_recording_text
 from kvscope.agent.recording.replay import replay_recording
 from kvscope.agent.scrape.exposition import format_labels, format_value
@@ -118,16 +120,14 @@ def _binaries() -> tuple[str, str]:
 
 
 def derived_cascade(samples, every: int = 5) -> list:
-    """The cascade series the live agent derives each cycle, evaluated at every `every`-th scrape
-    over the samples seen so far (agent/derive/cascade.py)."""
-    ordered = sorted((s for s in samples if s.timestamp is not None), key=lambda s: s.timestamp)
-    times = sorted({s.timestamp for s in ordered if s.name == "kvscope_target_up"})
-    out, i = [], 0
-    for t in times[every::every] + times[-1:]:
-        while i < len(ordered) and ordered[i].timestamp <= t:
-            i += 1
-        out += render_cascade_samples(evaluate_cascade(ordered[:i]), t)
-    return out
+    """The cascade series the live agent derives: its derive hook (agent/derive/cascade.py
+    `CascadeWindow`) run on the recording's scrapes in time order, `every` scrapes a cycle."""
+    hook = CascadeWindow()
+    ordered = sorted(
+        (s for s in samples if s.timestamp is not None and s.name in CASCADE_SIGNALS), key=attrgetter("timestamp")
+    )
+    scrapes = [list(scrape) for _, scrape in groupby(ordered, key=attrgetter("timestamp"))]
+    return [d for i in range(0, len(scrapes), every) for d in hook([s for sc in scrapes[i : i + every] for s in sc])]
 
 
 def render_backfill(samples) -> str:
@@ -195,13 +195,15 @@ def _prometheus(prom: str, work: Path):
 
 
 @contextlib.contextmanager
-def serve_recording(path: Path, work: Path):
+def serve_recording(path: Path, work: Path, eval_interval: str = "2s"):
     """A real Prometheus on 127.0.0.1 over one recording, the way a deployment would hold it:
 
     1. the engine's native series as recorded (what Prometheus scraping vLLM directly stores),
     2. the agent's `kvscope_*` re-export of the same scrapes plus its derived cascade series,
     3. kvscope's recording rules (canonical, then derived, rules/prometheus/) backfilled over the
-       window with `promtool tsdb create-blocks-from rules` against that Prometheus.
+       window every `eval_interval` with `promtool tsdb create-blocks-from rules` against that
+       Prometheus (2 s, the recordings' scrape interval, where records are compared with values;
+       deploy/prometheus/prometheus.yml evaluates every 15 s).
 
     Yields (URL, replay).
     """
@@ -232,7 +234,7 @@ def serve_recording(path: Path, work: Path):
                     f"--end={end}",
                     f"--url={server.url}",
                     f"--output-dir={out}",
-                    "--eval-interval=2s",
+                    f"--eval-interval={eval_interval}",
                     "--quiet",
                     str(rule_file),
                 ],
@@ -337,13 +339,15 @@ def test_every_panel_query_returns_data_or_is_declared_absent(loaded):
 
 
 # not in the server matrix (`servers`): one Prometheus and a rule backfill per library recording
-# (44) is the slowest part of this file, and it checks which series exist, not how a range reads
-# them; the panels' PromQL runs on both generations through the tests marked `servers`.
+# (59) is the slowest part of this file, and it checks which series exist, not how a range reads
+# them; the panels' PromQL runs on both generations through the tests marked `servers`. The rules
+# are evaluated every 15 s, as the deploy config does: at the recordings' 2 s the backfill of the
+# hour-long curve-shape recordings took up to 106 s each on a loaded 2-core box.
 @pytest.mark.parametrize("path", LIBRARY, ids=lambda p: p.name)
 def test_library_recordings_show_data_or_declared_absence(path, tmp_path):
     """Every real recording of the incident library: no silently empty panel either."""
     explained: list[str] = []
-    with serve_recording(path, tmp_path) as (url, replay):
+    with serve_recording(path, tmp_path, eval_interval="15s") as (url, replay):
         ran, silent = silent_panels(url, replay, strict=False, explained=explained)
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / f"dashboard-absences-{path.name.split('.')[0]}.txt").write_text(
