@@ -8,7 +8,8 @@ For each case of each `rules/diagnosis/<id>.test.yaml` the same input series go 
   would export them (`kvscope_<signal>`), through the generated canonical recording rules and
   the rule's generated alert (compiled with the case's parameter overrides): the groups with a
   firing `ALERTS` series at eval_time (with severity), and every group whose alert fired at
-  any evaluation up to it.
+  any evaluation up to it. One promtool run holds every case of a rule with the same parameters,
+  a test group each (its own input series and evaluation).
 
 Both pairs of sets must be equal, on promtool 2.42 and 3.x (the server matrix). Prometheus 2.x
 includes a sample exactly 5m old in its lookback and the engine does not (it follows Prometheus
@@ -23,6 +24,7 @@ from __future__ import annotations
 import functools
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -92,65 +94,76 @@ def _python_firing(rule, case, interval, lookback_s: float = DEFAULT_LOOKBACK_S)
     return {(w, f.severity) for w, f in zip(where, result, strict=True) if f.active}, set(where)
 
 
-def _prometheus_firing(rule, case, interval, tmp_path: Path) -> tuple[set, set, str]:
-    """Same two sets from promtool: ALERTS firing at eval_time, and ever firing up to it."""
+CASE_LABEL = "kvscope_parity_case"
+"""Set on both promtool expressions of a case (label_replace) so that one run can hold many cases."""
+
+
+def _params_key(params: dict) -> str:
+    return repr(sorted(params.items()))
+
+
+@functools.cache
+def _promtool_firing(rule_path: Path, params_key: str) -> dict[tuple[str, int], tuple[set, set, str]]:
+    """The two sets of `_python_firing` from promtool, for every case of the rule's test file whose
+    parameters are `params_key`, from one `promtool test rules` run: the rule compiled with them, a
+    test group per case (each evaluates on its own input series), each case's expressions labelled
+    with its index. Keyed by (case name, line): ALERTS firing at eval_time with severity, ever
+    firing up to it, and promtool's output."""
+    test_file = read_test_file(rule_path.with_name(rule_path.stem + ".test.yaml"))
+    cases = [c for c in test_file.cases if _params_key(c.params) == params_key]
+    rule = read_rule(rule_path).with_params(cases[0].params)
+    interval = test_file.interval
     alerts = compile_rule(rule)
     assert isinstance(alerts, list), alerts
     used = set(re.findall(r"kvscope:[a-zA-Z0-9_]+", "\n".join(a["expr"] for a in alerts)))
     recording = [r for r in canonical_rules(load_catalog()) if r["record"] in used]
-    # one group, recording rules first: promtool evaluates separate groups in an unspecified
-    # order at each step, so an alert in its own group saw the recording rules' values of this
-    # step or of the last one at random, and a one-step spike fired in some runs and not others
-    (tmp_path / "rules.yml").write_text(render_rule_file([{"name": "canonical", "rules": recording + alerts}], ""))
-    steps = int(case.eval_time / interval) + 1
     firing = f'ALERTS{{alertstate="firing",alertname="{alert_name(rule.id)}"}}'
-    at = f"{int(case.eval_time)}s"
-    test = {
-        "rule_files": ["rules.yml"],
-        "evaluation_interval": f"{int(interval)}s",
-        "tests": [
+    tests = []
+    for i, case in enumerate(cases):
+        at = f"{int(case.eval_time)}s"
+        exprs = (
+            f"group by ({', '.join(('alertname', 'severity', *rule.by))}) ({firing})",
+            f"group by ({', '.join(('alertname', *rule.by))}) (max_over_time({firing}[{at}]))",
+        )
+        tests.append(
             {
                 "interval": f"{int(interval)}s",
                 "input_series": promtool_input_series(case_samples(case, interval), interval)
-                + _fact_series(case.facts, steps),
+                + _fact_series(case.facts, int(case.eval_time / interval) + 1),
                 "promql_expr_test": [
-                    {
-                        "expr": f"group by ({', '.join(('alertname', 'severity', *rule.by))}) ({firing})",
-                        "eval_time": at,
-                        "exp_samples": [],
-                    },
-                    {
-                        "expr": f"group by ({', '.join(('alertname', *rule.by))}) (max_over_time({firing}[{at}]))",
-                        "eval_time": at,
-                        "exp_samples": [],
-                    },
+                    {"expr": f'label_replace({e}, "{CASE_LABEL}", "{i}", "", "")', "eval_time": at, "exp_samples": []}
+                    for e in exprs
                 ],
             }
-        ],
-    }
-    (tmp_path / "case.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
-    proc = subprocess.run(
-        ["promtool", "test", "rules", "case.test.yml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,  # a hang guard only (slow on a loaded 2-core box)
-    )
+        )
+    with tempfile.TemporaryDirectory(prefix="kvs-parity-") as work:
+        # one group, recording rules first: promtool evaluates separate groups in an unspecified
+        # order at each step, so an alert in its own group saw the recording rules' values of this
+        # step or of the last one at random, and a one-step spike fired in some runs and not others
+        rules = render_rule_file([{"name": "canonical", "rules": recording + alerts}], "")
+        (Path(work) / "rules.yml").write_text(rules)
+        test = {"rule_files": ["rules.yml"], "evaluation_interval": f"{int(interval)}s", "tests": tests}
+        (Path(work) / "cases.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+        proc = subprocess.run(
+            ["promtool", "test", "rules", "cases.test.yml"],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=600,  # a hang guard only (slow on a loaded 2-core box)
+        )
     out = proc.stdout + proc.stderr
-    if proc.returncode == 0:
-        return set(), set(), out
-    assert "got:" in out, f"promtool failed without a result:\n{out}"
-    severity: dict[tuple, str] = {}
-    ever: set[tuple] = set()
-    for block in re.split(r"\n\s*expr: ", out)[1:]:  # one block per failed expression
+    assert proc.returncode == 0 or "got:" in out, f"promtool failed without a result:\n{out}"
+    severity: list[dict[tuple, str]] = [{} for _ in cases]
+    ever: list[set[tuple]] = [set() for _ in cases]
+    for block in re.split(r"\n\s*expr: ", out)[1:] if proc.returncode else []:  # one block per failed expression
         for pairs in _got_label_sets(block):
-            where = tuple(sorted((k, pairs.get(k, "")) for k in rule.by))
+            i, where = int(pairs[CASE_LABEL]), tuple(sorted((k, pairs.get(k, "")) for k in rule.by))
             if "max_over_time" in block.split("\n", 1)[0]:
-                ever.add(where)
+                ever[i].add(where)
             # a rule with critical_when fires its warning and its critical alert together
-            elif SEVERITY_RANK[pairs["severity"]] >= SEVERITY_RANK.get(severity.get(where, "info"), 0):
-                severity[where] = pairs["severity"]
-    return set(severity.items()), ever, out
+            elif SEVERITY_RANK[pairs["severity"]] >= SEVERITY_RANK.get(severity[i].get(where, "info"), 0):
+                severity[i][where] = pairs["severity"]
+    return {(c.name, c.line): (set(severity[i].items()), ever[i], out) for i, c in enumerate(cases)}
 
 
 def _got_label_sets(block: str) -> list[dict[str, str]]:
@@ -162,12 +175,12 @@ def _got_label_sets(block: str) -> list[dict[str, str]]:
 
 
 @pytest.mark.parametrize(("rule_path", "test_file", "case"), _cases())
-def test_python_and_prometheus_agree(rule_path, test_file, case, tmp_path):
+def test_python_and_prometheus_agree(rule_path, test_file, case):
     rule = read_rule(rule_path).with_params(case.params)
     lookback = PROMETHEUS2_LOOKBACK_S if _promtool_major() == 2 else DEFAULT_LOOKBACK_S
     py_end, py_ever = _python_firing(rule, case, test_file.interval, lookback)
     on_the_edge = (py_end, py_ever) != _python_firing(rule, case, test_file.interval)
-    prom_end, prom_ever, log = _prometheus_firing(rule, case, test_file.interval, tmp_path)
+    prom_end, prom_ever, log = _promtool_firing(rule_path, _params_key(case.params))[(case.name, case.line)]
     where = f"{test_file.path}:{case.line}"
     if case.expect and not on_the_edge:
         assert py_ever, f"{where}: must-fire case does not fire in Python"
