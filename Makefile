@@ -54,12 +54,13 @@ typecheck: setup
 # The whole suite: `make check` first, then everything that needs real engines and servers (on
 # Debian 12's Prometheus, Alertmanager and VictoriaMetrics). A cold llama.cpp build runs in the
 # background meanwhile; its tests run last and wait for it. Then the server matrix's second half:
-# the tests marked `servers` again on the current servers (testbed/servers.py).
+# the tests marked `servers` again on the current servers (testbed/servers.py). Each prints its
+# slowest tests: CI has 90 minutes for the whole run.
 test: setup setup-vllm setup-router setup-smg setup-dynamo setup-servers-current
 	@if [ -x scripts/install-llamacpp.sh ]; then bash scripts/install-llamacpp.sh --background; fi
 	$(MAKE) --no-print-directory check
-	$(PY) -m pytest -q -rs tests --ignore=tests/unit
-	KVSCOPE_SERVERS=current $(PY) -m pytest -q -rs -m servers tests/integration
+	$(PY) -m pytest -q -rs --durations=15 tests --ignore=tests/unit
+	KVSCOPE_SERVERS=current $(PY) -m pytest -q -rs --durations=10 -m servers tests/integration
 
 lint: setup
 	$(VENV)/bin/ruff check .
