@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import shutil
 import subprocess
 import urllib.parse
@@ -18,6 +19,8 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
+
+import yaml
 
 from testbed.procs import LOOPBACK, LoggedProcess, free_port, stop_process, wait_http, wait_until
 
@@ -45,6 +48,38 @@ def _promtool_value(value: float | None) -> str:
     if value is None:
         return "_"
     return "stale" if math.isnan(value) else repr(float(value))
+
+
+def promtool_test_rules(
+    work: Path, tests: list[dict], rule_groups: list[dict] | None = None, evaluation_interval: str | None = None
+) -> tuple[int, str]:
+    """Runs `promtool test rules` in `work` on `tests` (promtool's test groups), with `rule_groups`
+    written as work/rules.yml (rendered as `kvscope rules build` writes rule files); returns
+    promtool's exit status and its stdout and stderr together. The timeout is a hang guard only
+    (promtool is slow on a loaded 2-core box)."""
+    from kvscope.diagnoser.promql.rulefiles import render_rule_file
+
+    test: dict = {"rule_files": ["rules.yml"] if rule_groups is not None else []}
+    if rule_groups is not None:
+        (work / "rules.yml").write_text(render_rule_file(rule_groups, ""))
+    if evaluation_interval:
+        test["evaluation_interval"] = evaluation_interval
+    test["tests"] = tests
+    (work / "cases.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = subprocess.run(
+        ["promtool", "test", "rules", "cases.test.yml"], cwd=work, capture_output=True, text=True, timeout=600
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def promtool_got(out: str) -> list[dict[str, str]]:
+    """The label sets after the first `got:` of promtool's output (what an expression returned
+    where its test expected nothing): one dict per series."""
+    got = out.split("got:", 1)[1] if "got:" in out else ""
+    return [
+        dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels))
+        for labels in re.findall(r"\{([^}]*)\}", got)
+    ]
 
 
 def missing_binaries(*names: str) -> str | None:

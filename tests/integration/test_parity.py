@@ -23,23 +23,21 @@ from __future__ import annotations
 
 import functools
 import re
-import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
 
 from kvscope.core.signals import load_catalog
 from kvscope.diagnoser.evaluate.evaluator import evaluate_rule
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, frame_from_samples
 from kvscope.diagnoser.findings import SEVERITY_RANK
 from kvscope.diagnoser.promql.alerts import alert_name, compile_rule
-from kvscope.diagnoser.promql.rulefiles import canonical_rules, render_rule_file
+from kvscope.diagnoser.promql.rulefiles import canonical_rules
 from kvscope.diagnoser.rulebook.levers import load_levers
 from kvscope.diagnoser.rulebook.rule import read_rule, rule_paths
 from testbed import servers
-from testbed.prometheus import promtool_input_series
+from testbed.prometheus import promtool_got, promtool_input_series, promtool_test_rules
 from testbed.rulecases import case_samples, read_test_file
 
 pytestmark = [
@@ -140,23 +138,13 @@ def _promtool_firing(rule_path: Path, params_key: str) -> dict[tuple[str, int], 
         # one group, recording rules first: promtool evaluates separate groups in an unspecified
         # order at each step, so an alert in its own group saw the recording rules' values of this
         # step or of the last one at random, and a one-step spike fired in some runs and not others
-        rules = render_rule_file([{"name": "canonical", "rules": recording + alerts}], "")
-        (Path(work) / "rules.yml").write_text(rules)
-        test = {"rule_files": ["rules.yml"], "evaluation_interval": f"{int(interval)}s", "tests": tests}
-        (Path(work) / "cases.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
-        proc = subprocess.run(
-            ["promtool", "test", "rules", "cases.test.yml"],
-            cwd=work,
-            capture_output=True,
-            text=True,
-            timeout=600,  # a hang guard only (slow on a loaded 2-core box)
-        )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0 or "got:" in out, f"promtool failed without a result:\n{out}"
+        groups = [{"name": "canonical", "rules": recording + alerts}]
+        returncode, out = promtool_test_rules(Path(work), tests, groups, f"{int(interval)}s")
+    assert returncode == 0 or "got:" in out, f"promtool failed without a result:\n{out}"
     severity: list[dict[tuple, str]] = [{} for _ in cases]
     ever: list[set[tuple]] = [set() for _ in cases]
-    for block in re.split(r"\n\s*expr: ", out)[1:] if proc.returncode else []:  # one block per failed expression
-        for pairs in _got_label_sets(block):
+    for block in re.split(r"\n\s*expr: ", out)[1:] if returncode else []:  # one block per failed expression
+        for pairs in promtool_got(block):
             i, where = int(pairs[CASE_LABEL]), tuple(sorted((k, pairs.get(k, "")) for k in rule.by))
             if "max_over_time" in block.split("\n", 1)[0]:
                 ever[i].add(where)
@@ -164,14 +152,6 @@ def _promtool_firing(rule_path: Path, params_key: str) -> dict[tuple[str, int], 
             elif SEVERITY_RANK[pairs["severity"]] >= SEVERITY_RANK.get(severity[i].get(where, "info"), 0):
                 severity[i][where] = pairs["severity"]
     return {(c.name, c.line): (set(severity[i].items()), ever[i], out) for i, c in enumerate(cases)}
-
-
-def _got_label_sets(block: str) -> list[dict[str, str]]:
-    got = block.split("got:", 1)[1] if "got:" in block else ""
-    return [
-        dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels))
-        for labels in re.findall(r"\{([^}]*)\}", got)
-    ]
 
 
 @pytest.mark.parametrize(("rule_path", "test_file", "case"), _cases())

@@ -21,22 +21,18 @@ from __future__ import annotations
 
 import gzip
 import math
-import re
 import shutil
-import subprocess
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from kvscope.core.signals import load_catalog
 from kvscope.diagnoser.alertmanager.payload import parse_alert, select_findings
 from kvscope.diagnoser.evaluate.evaluator import diagnose, evaluate_rule, sample_names
 from kvscope.diagnoser.evaluate.expr import SeriesEvaluator
 from kvscope.diagnoser.evaluate.frame import Frame, JudgedSpans, frame_from_samples, make_grid
-from kvscope.diagnoser.promql.rulefiles import render_rule_file
 from kvscope.diagnoser.promql.signals import InlineSignals
 from kvscope.diagnoser.pushdown import run
 from kvscope.diagnoser.pushdown.candidates import RECORD_LAG_S, candidate_exprs, describe
@@ -54,7 +50,9 @@ from testbed.prometheus import (
     EMPTY_CONFIG,
     backfill_openmetrics,
     backfill_rules,
+    promtool_got,
     promtool_input_series,
+    promtool_test_rules,
     running_prometheus,
 )
 from testbed.rulecases import case_samples, read_test_file
@@ -306,40 +304,21 @@ def test_the_candidate_holds_wherever_the_evaluator_fires(rule_path, test_file, 
     by = list(rule.by)
     want = {tuple(f.where.get(k, "") for k in by) for f in fired}
     rows = [{"record": "kvscope:candidate", "expr": expr, "labels": {"rule_id": rule.id}}]
-    (tmp_path / "rules.yml").write_text(render_rule_file([{"name": "g", "rules": rows}], ""))
     window = f"{int(case.eval_time - judged * interval)}s"
     test = {
-        "rule_files": ["rules.yml"],
-        "evaluation_interval": f"{int(interval)}s",
-        "tests": [
+        "interval": f"{int(interval)}s",
+        "input_series": promtool_input_series(samples, interval) + _info_series(case, interval),
+        "promql_expr_test": [
             {
-                "interval": f"{int(interval)}s",
-                "input_series": promtool_input_series(samples, interval) + _info_series(case, interval),
-                "promql_expr_test": [
-                    {
-                        "expr": f"group by (rule_id, {', '.join(by)}) (max_over_time(kvscope:candidate[{window}]))",
-                        "eval_time": f"{int(case.eval_time)}s",
-                        "exp_samples": [],
-                    }
-                ],
+                "expr": f"group by (rule_id, {', '.join(by)}) (max_over_time(kvscope:candidate[{window}]))",
+                "eval_time": f"{int(case.eval_time)}s",
+                "exp_samples": [],
             }
         ],
     }
-    (tmp_path / "case.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
-    proc = subprocess.run(
-        ["promtool", "test", "rules", "case.test.yml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,  # a hang guard only (slow on a loaded 2-core box)
-    )
-    out = proc.stdout + proc.stderr
-    got: set[tuple] = set()
-    if proc.returncode != 0:
-        assert "got:" in out, out
-        for labels in re.findall(r"\{([^}]*)\}", out.split("got:", 1)[1]):
-            pairs = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels))
-            got.add(tuple(pairs.get(k, "") for k in by))
+    returncode, out = promtool_test_rules(tmp_path, [test], [{"name": "g", "rules": rows}], f"{int(interval)}s")
+    assert returncode == 0 or "got:" in out, out
+    got = {tuple(pairs.get(k, "") for k in by) for pairs in promtool_got(out)}
     assert want <= got, (
         f"{test_file.path}:{case.line}: the evaluator fires for {sorted(want)} after "
         f"{judged} steps, the candidate record only for {sorted(got)}\n{expr}\n{out[-3000:]}"

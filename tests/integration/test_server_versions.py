@@ -4,13 +4,11 @@ Debian 12's servers twice and pass."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
-import yaml
 
 from kvscope.diagnoser.promql.ranges import range_text
 from testbed import servers
+from testbed.prometheus import promtool_test_rules
 
 pytestmark = [pytest.mark.servers, pytest.mark.needs("prometheus", "promtool", "prometheus-alertmanager")]
 
@@ -39,26 +37,17 @@ def test_the_generated_ranges_read_the_same_samples_on_either_promtool(tmp_path)
     ((t - r, t]); the generated `[20s1ms]` holds 3 on both."""
     plain, edged = "count_over_time(x[20s])", f"count_over_time(x[{range_text('20s')}])"
     major = servers.prometheus_version("promtool")[0]
-    case = {
-        "rule_files": [],
-        "evaluation_interval": "10s",
-        "tests": [
+    test = {
+        "interval": "10s",
+        "input_series": [{"series": "x", "values": "0 1 2 3 4 5 6 7"}],
+        "promql_expr_test": [
             {
-                "interval": "10s",
-                "input_series": [{"series": "x", "values": "0 1 2 3 4 5 6 7"}],
-                "promql_expr_test": [
-                    {
-                        "expr": plain,
-                        "eval_time": "60s",
-                        "exp_samples": [{"labels": "{}", "value": 3 if major == 2 else 2}],
-                    },
-                    {"expr": edged, "eval_time": "60s", "exp_samples": [{"labels": "{}", "value": 3}]},
-                ],
-            }
+                "expr": plain,
+                "eval_time": "60s",
+                "exp_samples": [{"labels": "{}", "value": 3 if major == 2 else 2}],
+            },
+            {"expr": edged, "eval_time": "60s", "exp_samples": [{"labels": "{}", "value": 3}]},
         ],
     }
-    (tmp_path / "t.yml").write_text(yaml.safe_dump(case))
-    proc = subprocess.run(
-        ["promtool", "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    returncode, out = promtool_test_rules(tmp_path, [test], evaluation_interval="10s")
+    assert returncode == 0, out

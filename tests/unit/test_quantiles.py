@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
-import subprocess
 
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kvscope.core.quantiles import histogram_quantile
 from kvscope.core.signals import make_labels
+from testbed.prometheus import promtool_test_rules
 from testbed.promref import group_buckets, increase, parse_le, rate, window_quantile, window_quantiles
 
 INF = math.inf
@@ -112,7 +110,6 @@ def test_quantile_is_monotone_in_q(les, counts, q1, q2):
 
 # ------------------------------------------------------------------ parity with real Prometheus
 
-PROMTOOL = shutil.which("promtool")
 STEP_S = 15
 EVAL_S = 307  # window [7 s, 307 s]: no sample sits on the boundary
 
@@ -189,21 +186,12 @@ def test_window_quantile_and_rate_agree_with_prometheus(tmp_path):
             ],
         }
     )
-    good = tmp_path / "parity.test.yml"
-    good.write_text(yaml.safe_dump({"evaluation_interval": "1m", "tests": tests}))
-    res = subprocess.run(
-        [PROMTOOL, "test", "rules", str(good)], capture_output=True, text=True, timeout=600
-    )  # a hang guard only (slow on a loaded 2-core box)
-    assert res.returncode == 0, res.stdout + res.stderr
+    returncode, out = promtool_test_rules(tmp_path, tests, evaluation_interval="1m")
+    assert returncode == 0, out
     assert checked == 8
     # the comparison can fail: nudge one expectation and promtool must reject it
     tests[0]["promql_expr_test"][1]["exp_samples"][0]["value"] *= 1.01
-    bad = tmp_path / "nudged.test.yml"
-    bad.write_text(yaml.safe_dump({"evaluation_interval": "1m", "tests": tests}))
-    res = subprocess.run(
-        [PROMTOOL, "test", "rules", str(bad)], capture_output=True, text=True, timeout=600
-    )  # a hang guard only (slow on a loaded 2-core box)
-    assert res.returncode != 0
+    assert promtool_test_rules(tmp_path, tests, evaluation_interval="1m")[0] != 0
 
 
 def test_the_quantiles_of_many_histograms_at_once_are_histogram_quantiles():

@@ -5,18 +5,16 @@ running the alert the compiler writes, and the validator accepts the form."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from kvscope.core.signals import load_catalog
 from kvscope.diagnoser.promql.alerts import compile_rule
 from kvscope.diagnoser.rulebook.rule import parse_yaml, rule_from_doc
 from kvscope.diagnoser.rulebook.tree import Predict
 from kvscope.diagnoser.rulebook.validate import Context, check_series
+from testbed.prometheus import promtool_test_rules, require_binaries
 from testbed.rulecases import Case, check_case
 
 RULE = """
@@ -64,10 +62,8 @@ def test_alert_is_predict_linear_and_promtool_agrees(tmp_path: Path):
         "predict_linear((max by (instance) (kvscope:engine_kv_cache_usage_ratio))[10m1ms:15s], 900)"
         in alerts[0]["expr"]
     )
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool is installed with the project's Debian packages"
+    require_binaries("promtool")
     rules = [{k: v for k, v in a.items() if k != "annotations"} for a in alerts]
-    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "t", "rules": rules}]}))
     fired = [{"exp_labels": {"instance": "e0", "severity": "warning", "rule_id": "kv_fills_soon"}}]
     tests = [
         {
@@ -77,6 +73,5 @@ def test_alert_is_predict_linear_and_promtool_agrees(tmp_path: Path):
         }
         for v, exp in ((STEEP, fired), (RISING, []), (FLAT, []))
     ]
-    (tmp_path / "t.yml").write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "tests": tests}))
-    out = subprocess.run([promtool, "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
+    returncode, out = promtool_test_rules(tmp_path, tests, [{"name": "t", "rules": rules}])
+    assert returncode == 0, out
