@@ -165,34 +165,29 @@ def _thin_between(points: list[Point], dense: list[Point], at: int) -> tuple[flo
     return (lo, hi, between) if between >= MIN_INTERVALS else None
 
 
-def unmeasured_below_knee(
-    points: list[Point], p: KneeParams = KneeParams(), running_max: float | None = None
-) -> tuple[float, float, int] | None:
-    """(the last unsaturated measured concurrency, the first saturated one, the intervals between)
-    where the window held the load between them as long as a point needs (MIN_INTERVALS) but spread
-    over buckets each too thin to read: saturation may begin anywhere there, so no knee is placed.
-    None otherwise (fewer intervals between are the passage from one load to the next)."""
-    dense, _, placed = _placements(points, p, running_max)
-    at = _first_placed(placed)
-    return _thin_between(points, dense, at) if at else None
+Found = tuple[Point, set[str], str, Point | None]
+"""The knee's bucket, the signs there, the sign that placed it, and where it was read over buckets
+each too thin alone the unsaturated bucket below it (else None)."""
 
 
 def _knee(
     points: list[Point], p: KneeParams, running_max: float | None
-) -> tuple[Point, set[str], str, Point | None] | None:
-    """(the knee's bucket, the signs there, the sign that placed it, and where it was read over
-    buckets each too thin alone the unsaturated bucket below it, else None), or None."""
+) -> tuple[Found | None, bool, tuple[float, float, int] | None]:
+    """(the knee or None; whether the lowest measured bucket is saturated already, the knee below
+    the measured range; where the measured buckets place a knee above load the window held as long
+    as a point needs (MIN_INTERVALS) but spread over buckets each too thin to read, (the last
+    unsaturated measured concurrency, the first saturated one, the intervals between), else None:
+    saturation may begin anywhere there, and the knee is read over every bucket instead)."""
     dense, signs, placed = _placements(points, p, running_max)
     at = _first_placed(placed)
     if at == 0:
-        return None
-    if at is not None and not _thin_between(points, dense, at):
-        return dense[at], signs[at], placed[at] or "", None
+        return None, True, None
+    between = None if at is None else _thin_between(points, dense, at)
+    if at is not None and between is None:
+        return (dense[at], signs[at], placed[at] or "", None), False, None
     _, signs, placed = _placements(points, p, running_max, thin=True)
     at = _held_above(points, placed)
-    if at is None:
-        return None
-    return points[at], signs[at], placed[at] or "", points[at - 1]
+    return (None if at is None else (points[at], signs[at], placed[at] or "", points[at - 1])), False, between
 
 
 def knee(
@@ -201,19 +196,14 @@ def knee(
     """The knee's concurrency, the signs seen there and the sign that placed it, or (None, [], None)
     when the data shows none; `running_max`: the most requests the window saw running (None: the
     running_pinned sign is not read). A knee at the lowest measured bucket is below the measured
-    range (`knee_below_range`): (None, [], None). Where the measured buckets place none, or one
-    above load the window visited too thinly to read (`unmeasured_below_knee`), the knee is read
-    over every bucket (`_held_above`), else (None, [], None)."""
-    return _knee_tuple(_knee(points, p, running_max))
+    range: (None, [], None). Where the measured buckets place none, or one above load the window
+    visited too thinly to read, the knee is read over every bucket (`_held_above`), else
+    (None, [], None)."""
+    return _knee_tuple(_knee(points, p, running_max)[0])
 
 
-def _knee_tuple(found: tuple[Point, set[str], str, Point | None] | None) -> tuple[float | None, list[str], str | None]:
+def _knee_tuple(found: Found | None) -> tuple[float | None, list[str], str | None]:
     return (None, [], None) if found is None else (found[0].concurrency, sorted(found[1]), found[2])
-
-
-def knee_below_range(points: list[Point], p: KneeParams = KneeParams(), running_max: float | None = None) -> bool:
-    """Whether the lowest measured bucket and the next are saturated already (the knee is below them)."""
-    return _first_placed(_placements(points, p, running_max)[2]) == 0
 
 
 P99_FIELDS = {"ttft": "ttft_p99_s", "tpot": "tpot_p99_s", "e2e": "e2e_p99_s"}
@@ -269,13 +259,12 @@ def operating_point(
 ) -> Operating:
     """Knee, C_max, usable RPS, Little's Law gap and headroom of one pool's points; `running_max`:
     the most requests the window saw running (the running_pinned sign's cap; None: not read)."""
-    found = _knee(points, p, running_max)
+    found, below_range, between = _knee(points, p, running_max)
     k, signs, placing = _knee_tuple(found)
     c, rps, note = c_max(points, slo_s, objectives)
     gap = (c / slo_s) / rps if c is not None and rps else None
     notes = []
-    between = unmeasured_below_knee(points, p, running_max)
-    if k is None and knee_below_range(points, p, running_max):
+    if below_range:
         notes.append("saturated from the lowest measured concurrency: the knee is below the measured range")
     elif found and found[3] is not None:
         n = sum(pt.intervals for pt in points if pt.concurrency >= found[0].concurrency)
