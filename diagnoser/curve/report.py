@@ -45,6 +45,12 @@ pool, read as an improvement of output tokens/s); those take only `no_change` fr
 ENGINE_VERDICTS = ("regression", "improvement")
 UNDECIDED = "undecided"
 """The reason's first word where the matched buckets' intervals straddle a threshold."""
+UNREAD_STEP = (
+    "the engine's step time is not read (no ITL sum at the same batch on both sides; the curve's records keep "
+    "none): at a change of no setting a regression or an improvement needs the machine's speed held, and a "
+    "machine that got slower or faster (a noisy neighbour, a starved API server) is not ruled out"
+)
+"""The reason where a change of no setting read as a regression or improvement with no step read."""
 SETTLE_S = 30.0
 """Seconds after a change left out of the 'after' side (a restarted engine warms up: §8.2)."""
 FINDING_KINDS = ("config", "version", "restart")
@@ -169,13 +175,17 @@ def judge(
             v, worse, better = verdict(d, th, gate, None if setting else step)
             if c.kind in SETTINGS or v not in ENGINE_VERDICTS:
                 break  # a change of no setting takes only no_change from the pools (SETTINGS)
+        # a change of no setting is the engine's only where the machine's speed is read held
+        unread = step is None and c.kind not in SETTINGS and v in ENGINE_VERDICTS
+        if unread:
+            v, worse, better = "not_comparable", [], []
         by_rate = None
-        if v == "not_comparable" and not mix_differs(gate, th) and (setting or not step_moved(step, th)):
+        if v == "not_comparable" and not unread and not mix_differs(gate, th) and (setting or not step_moved(step, th)):
             by_rate = _by_rate(before, after, th, c.kind)
             if by_rate:
                 v, worse, better = by_rate["verdict"], by_rate["worse"], by_rate["better"]
                 d, mix = by_rate["deltas"], by_rate["offered_load"]
-        reason = _reason(v, d, gate, None if setting else step, th)
+        reason = UNREAD_STEP if unread else _reason(v, d, gate, None if setting else step, th)
         more = more_traffic(*sides, iv.step) if not d else None
         if reason and reason.startswith(UNDECIDED):
             more = more_to_settle(d, th, matched, iv.step) or None

@@ -72,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="--prometheus: read the curve from kvscope's curve records (kvscope-curve.yml from kvscope rules build, "
         "loaded into the TSDB) instead of every engine's histograms: a week of a large fleet in seconds; "
-        "changes are not judged on this path",
+        "the records keep no ITL, so a change of no setting (a restart, a replica count) takes no regression "
+        "or improvement on this path",
     )
     add_log_flags(p)
     p.set_defaults(func=run)

@@ -234,13 +234,15 @@ def test_json_shape():
     assert pool["labels"] == {"model": "m", "engine": "vllm"}
 
 
-def test_a_curve_shift_with_no_label_change_is_a_change_without_a_finding():
+def test_a_curve_shift_where_the_machine_speed_is_not_read_is_not_reported():
+    """The TTFT tail at 2.5 s at every load from the window's middle, no restart, no config, and no
+    ITL exported: the machine's speed is not read, so a slower machine is not ruled out and no
+    shift of the engine's curve is reported (test_curve_machine_speed: the same with the step read
+    held is a `curve` regression)."""
     half = 2 * len(STAIRS)  # each half climbs the stairs twice: its earlier and later halves each hold every load
     shifted = synth(STAIRS * 4, tail=lambda c, i: hump(c) if i < half else 5)  # no restart, no config
     (pc,) = pool_curves(shifted, settle_s=0.0)
-    (j,) = pc.changes
-    assert j.change.kind == "curve" and j.verdict == "regression" and j.worse == ["ttft_p99_s"]
-    assert regression_findings([pc], (0.0, 1.0), STEP) == []  # nothing to roll back: the rules say why
+    assert pc.changes == [], [(j.change.kind, j.verdict) for j in pc.changes]
 
 
 def test_a_stretch_of_noise_inside_one_half_is_no_curve_shift():

@@ -14,7 +14,7 @@ import numpy as np
 from kvscope.core.signals import make_labels
 from kvscope.diagnoser.curve.report import pool_curves, regression_findings
 from kvscope.diagnoser.evaluate.frame import Block, Frame
-from tests.unit.test_curve import BASE, STEP, synth
+from tests.unit.test_curve import BASE, STAIRS, STEP, hump, synth
 
 ITL_LES = [0.01, 0.025, 0.05, 0.1, 0.25, math.inf]
 
@@ -76,6 +76,37 @@ def test_a_same_flags_restart_on_a_machine_twice_as_slow_is_not_a_regression():
     assert j.verdict == "not_comparable", (j.verdict, j.worse)
     assert j.reason and "step time" in j.reason and "slower" in j.reason
     assert j.step_time and j.step_time["relative"] > 0.9
+    assert regression_findings([pc], (0.0, 1.0), STEP) == []
+
+
+def test_a_same_flags_restart_read_worse_with_no_step_read_is_not_a_regression():
+    """The slowest 3 % from (0.1, 0.25] to 2.5 s after a restart with the same flags, and no ITL
+    exported (llama.cpp; the curve's records): nothing says the machine held its speed, so the
+    verdict is withheld, the reason says why, and no finding; the same frame with the engine's
+    step read the same on both sides is a regression."""
+    frame = synth(
+        [4.0] * (2 * HALF), tail=lambda c, i: 2 if i < HALF else 5, resets=(HALF,), kv_cap=[1000.0] * 2 * HALF
+    )
+    (pc,) = pool_curves(frame, settle_s=0.0)
+    (j,) = pc.changes
+    assert j.change.kind == "restart" and j.step_time is None
+    assert j.verdict == "not_comparable" and j.reason and "step time is not read" in j.reason, (j.verdict, j.reason)
+    assert j.more_traffic is None  # more of the same traffic would not read the machine's speed
+    assert regression_findings([pc], (0.0, 1.0), STEP) == []
+    (pc,) = pool_curves(_with_itl(frame, lambda i: 0.02, lambda i: 1.0), settle_s=0.0)
+    (j,) = pc.changes
+    assert j.verdict == "regression" and j.worse == ["ttft_p99_s"], (j.verdict, j.reason)
+
+
+def test_a_curve_shift_with_the_step_read_held_is_a_change_without_a_finding():
+    """The TTFT tail at 2.5 s at every load from the window's middle, no restart, no config, the
+    engine's step (mean ITL) the same in both halves: the pool's curve moved and the machine did
+    not, a `curve` regression; no finding (nothing to roll back)."""
+    half = 2 * len(STAIRS)  # each half climbs the stairs twice: its earlier and later halves each hold every load
+    shifted = synth(STAIRS * 4, tail=lambda c, i: hump(c) if i < half else 5)
+    (pc,) = pool_curves(_with_itl(shifted, lambda i: 0.02, lambda i: 1.0), settle_s=0.0)
+    (j,) = pc.changes
+    assert j.change.kind == "curve" and j.verdict == "regression" and j.worse == ["ttft_p99_s"]
     assert regression_findings([pc], (0.0, 1.0), STEP) == []
 
 
