@@ -6,7 +6,7 @@ series, not NaN or Inf, when the denominator is zero). `selected` is a series wi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -37,15 +37,35 @@ def guard(num: str, den: str) -> str:
 
 
 def burn_rate_alert(
-    name: str, long_ratio: str, short_ratio: str, limit: float, severity: str, labels: dict[str, str], **notes: str
+    name: str,
+    slo: str,
+    record_of: Callable[[str], str],
+    window: tuple[str, str, float, str],
+    target: float,
+    subject: str,
+    requests: str,
+    allows: str = ".",
+    tail: str = "",
+    where: str = "",
 ) -> dict[str, Any]:
-    """One multi-window burn-rate alert, as every SLO rule file writes it: both windows' error
-    ratios over `limit`, held 2m (critical) or 15m; `labels` after `severity`, `notes` as
-    annotations (summary, description)."""
+    """One multi-window burn-rate alert, as every SLO rule file writes it: the error ratios
+    `record_of` both windows over burn x the error budget (1 - `target`), held 2m (critical) or
+    15m; its summary names `subject` (`where` after the burn), its description `requests` (which
+    requests, doing what), `allows` after the budget and `tail` after the budget's lifetime."""
+    long_w, short_w, burn, severity = window
+    budget = round(1 - target, 10)
+    limit = round(burn * budget, 10)
     return {
         "alert": name,
-        "expr": f"{long_ratio} > {limit}\nand\n{short_ratio} > {limit}",
+        "expr": f"{record_of(long_w)} > {limit}\nand\n{record_of(short_w)} > {limit}",
         "for": "2m" if severity == "critical" else "15m",
-        "labels": {"severity": severity, **labels},
-        "annotations": notes,
+        "labels": {"severity": severity, "slo": slo, "window": f"{long_w}/{short_w}"},
+        "annotations": {
+            "summary": f"{subject} burning {burn}x budget{where} ({long_w} and {short_w} windows)",
+            "description": (
+                f"{{{{ $value | humanizePercentage }}}} of {requests} over the last {long_w}, and more than "
+                f"{limit:.4g} over the last {short_w}; the SLO allows {budget:.4g}{allows} At this rate a 30-day "
+                f"error budget lasts {30 / burn:.3g} days.{tail}"
+            ),
+        },
     }

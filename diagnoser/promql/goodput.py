@@ -116,60 +116,37 @@ def goodput_rules(objectives: ObjectiveSet, windows: tuple[tuple[str, str, float
     for w in spans:
         rules.append({"record": tenant_record(w), "expr": split_ratio(GOOD, REQUESTS, top, w, good=True)})
     for matcher, obj in _pools(objectives):
-        rules += [_alert(obj, matcher, *pair) for pair in windows]
+        rules += [_alert(obj, matcher, pair) for pair in windows]
     for matcher, obj in _matchers("tenant", objectives.tenants, objectives.default):
-        rules += [_tenant_alert(obj, matcher, *pair) for pair in windows]
+        rules += [_tenant_alert(obj, matcher, pair) for pair in windows]
     return rules
 
 
-def _limit(obj: Objectives, burn: float) -> tuple[float, float]:
-    budget = round(1 - obj.target, 10)
-    return budget, round(burn * budget, 10)
-
-
-def _alert(obj: Objectives, matcher: str, long_w: str, short_w: str, burn: float, severity: str) -> dict[str, Any]:
-    budget, limit = _limit(obj, burn)
-    sel = _sel(matcher)
+def _alert(obj: Objectives, matcher: str, window: tuple[str, str, float, str]) -> dict[str, Any]:
     return compose.burn_rate_alert(
         "LlmGoodputSloBurnRate",
-        f"{error_record(long_w)}{sel}",
-        f"{error_record(short_w)}{sel}",
-        limit,
-        severity,
-        {"slo": "goodput", "window": f"{long_w}/{short_w}"},
-        summary=f"Goodput SLO of {{{{ $labels.model }}}} burning {burn}x budget ({long_w} and {short_w} windows)",
-        description=(
-            f"{{{{ $value | humanizePercentage }}}} of {{{{ $labels.model }}}}'s requests missed at least one "
-            f"latency objective ({obj.describe()}) over the last {long_w}, and more than {limit:.4g} over the "
-            f"last {short_w}; the SLO allows {budget:.4g}. "
-            f'{{{{ if eq $labels.goodput_source "tap" }}}}Exact: each request the request tap saw, counted.'
-            f"{{{{ else }}}}A bound from the engines' per-objective histograms (no request tap): the sum of "
-            f"the objectives' miss ratios, the most that can have missed one; the true share may be lower."
-            f"{{{{ end }}}} At this rate a 30-day error budget lasts {30 / burn:.3g} days."
-        ),
+        "goodput",
+        lambda w: f"{error_record(w)}{_sel(matcher)}",
+        window,
+        obj.target,
+        "Goodput SLO of {{ $labels.model }}",
+        f"{{{{ $labels.model }}}}'s requests missed at least one latency objective ({obj.describe()})",
+        '. {{ if eq $labels.goodput_source "tap" }}Exact: each request the request tap saw, counted.'
+        "{{ else }}A bound from the engines' per-objective histograms (no request tap): the sum of "
+        "the objectives' miss ratios, the most that can have missed one; the true share may be lower.{{ end }}",
     )
 
 
-def _tenant_alert(
-    obj: Objectives, matcher: str, long_w: str, short_w: str, burn: float, severity: str
-) -> dict[str, Any]:
-    budget, limit = _limit(obj, burn)
-    sel = _sel(matcher)
+def _tenant_alert(obj: Objectives, matcher: str, window: tuple[str, str, float, str]) -> dict[str, Any]:
     return compose.burn_rate_alert(
         "LlmTenantGoodputSloBurnRate",
-        f"{tenant_record(long_w)}{sel}",
-        f"{tenant_record(short_w)}{sel}",
-        limit,
-        severity,
-        {"slo": "tenant_goodput", "window": f"{long_w}/{short_w}"},
-        summary=(
-            f"Goodput SLO of tenant {{{{ $labels.tenant }}}} burning {burn}x budget ({long_w} and {short_w} windows)"
-        ),
-        description=(
-            f"{{{{ $value | humanizePercentage }}}} of tenant {{{{ $labels.tenant }}}}'s requests missed at "
-            f"least one latency objective over the last {long_w}, and more than {limit:.4g} over the last "
-            f"{short_w}; the SLO allows {budget:.4g} ({obj.describe()}, each tenant's own objectives where "
-            f"declared). Counted exactly per request by the request tap. At this rate a 30-day error budget "
-            f'lasts {30 / burn:.3g} days. Tenant "other" is every tenant outside the top by request rate, summed.'
-        ),
+        "tenant_goodput",
+        lambda w: f"{tenant_record(w)}{_sel(matcher)}",
+        window,
+        obj.target,
+        "Goodput SLO of tenant {{ $labels.tenant }}",
+        "tenant {{ $labels.tenant }}'s requests missed at least one latency objective",
+        f" ({obj.describe()}, each tenant's own objectives where declared). Counted exactly per request by the "
+        "request tap.",
+        ' Tenant "other" is every tenant outside the top by request rate, summed.',
     )

@@ -219,29 +219,21 @@ def slo_rules(slo: SloConfig) -> list[dict[str, Any]]:
     """Error-ratio recordings for every window, then one burn-rate alert per window pair."""
     windows = sorted({w for pair in slo.windows for w in pair[:2]}, key=parse_duration)
     rules = [record(_slo_record(w), slo_error_ratio(slo, w)) for w in windows]
-    budget = round(1 - slo.target, 10)
-    for long_w, short_w, burn, severity in slo.windows:
-        limit = round(burn * budget, 10)
-        rules.append(
-            compose.burn_rate_alert(
-                "LlmTtftSloBurnRate",
-                _slo_record(long_w),
-                _slo_record(short_w),
-                limit,
-                severity,
-                {"slo": "ttft", "window": f"{long_w}/{short_w}"},
-                summary=(
-                    f"TTFT SLO burning {burn}x budget on {{{{ $labels.instance }}}} ({long_w} and {short_w} windows)"
-                ),
-                description=(
-                    f"{{{{ $value | humanizePercentage }}}} of requests on {{{{ $labels.instance }}}} "
-                    f"({{{{ $labels.model }}}}) took longer than {slo.ttft_seconds:g}s to the first token "
-                    f"over the last {long_w}, and more than {limit:.4g} over the last {short_w}; the SLO "
-                    f"allows {budget:.4g} ({slo.target:.4g} within {slo.ttft_seconds:g}s). At this rate a "
-                    f"30-day error budget lasts {30 / burn:.3g} days."
-                ),
-            )
+    rules += [
+        compose.burn_rate_alert(
+            "LlmTtftSloBurnRate",
+            "ttft",
+            _slo_record,
+            window,
+            slo.target,
+            "TTFT SLO",
+            f"requests on {{{{ $labels.instance }}}} ({{{{ $labels.model }}}}) took longer than {slo.ttft_seconds:g}s "
+            "to the first token",
+            f" ({slo.target:.4g} within {slo.ttft_seconds:g}s).",
+            where=" on {{ $labels.instance }}",
         )
+        for window in slo.windows
+    ]
     return [*rules, slo_bucket_alert(slo)]
 
 

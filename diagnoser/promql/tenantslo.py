@@ -86,48 +86,25 @@ def tenant_slo_rules(
     for w in spans:
         # a tenant without a single error has its 0 (the tap creates the error series at 0)
         rules.append({"record": error_record(w), "expr": split_ratio(ERRORS, REQUESTS, top, w, good=False)})
-    for kind, target, record_of in (("ttft", ttft_target, ttft_record), ("errors", error_target, error_record)):
-        budget = round(1 - target, 10)
-        for long_w, short_w, burn, severity in windows:
-            limit = round(burn * budget, 10)
-            rules.append(_alert(kind, record_of, long_w, short_w, burn, severity, limit, budget, target, ttft_seconds))
+    ttft = (f"took longer than {ttft_seconds:g}s to the first token", f"{ttft_target:.4g} within {ttft_seconds:g}s")
+    errors = ("failed upstream (unreachable, broken or 5xx)", f"{error_target:.4g} succeed")
+    for kind, target, record_of, (what, slo) in (
+        ("ttft", ttft_target, ttft_record, ttft),
+        ("errors", error_target, error_record, errors),
+    ):
+        label = "TTFT" if kind == "ttft" else "Error"
+        rules += [
+            compose.burn_rate_alert(
+                f"LlmTenant{label.title()}SloBurnRate",
+                f"tenant_{kind}",
+                record_of,
+                window,
+                target,
+                f"{label} SLO of tenant {{{{ $labels.tenant }}}}",
+                f"tenant {{{{ $labels.tenant }}}}'s requests {what}",
+                f" ({slo}).",
+                f' Tenant "{OTHER}" is every tenant outside the top by request rate, summed.',
+            )
+            for window in windows
+        ]
     return rules
-
-
-def _alert(
-    kind: str,
-    record_of: Any,
-    long_w: str,
-    short_w: str,
-    burn: float,
-    severity: str,
-    limit: float,
-    budget: float,
-    target: float,
-    ttft_seconds: float,
-) -> dict[str, Any]:
-    what = (
-        f"took longer than {ttft_seconds:g}s to the first token"
-        if kind == "ttft"
-        else "failed upstream (unreachable, broken or 5xx)"
-    )
-    slo = f"{target:.4g} within {ttft_seconds:g}s" if kind == "ttft" else f"{target:.4g} succeed"
-    name = "LlmTenantTtftSloBurnRate" if kind == "ttft" else "LlmTenantErrorSloBurnRate"
-    label = "TTFT" if kind == "ttft" else "Error"
-    return compose.burn_rate_alert(
-        name,
-        record_of(long_w),
-        record_of(short_w),
-        limit,
-        severity,
-        {"slo": f"tenant_{kind}", "window": f"{long_w}/{short_w}"},
-        summary=(
-            f"{label} SLO of tenant {{{{ $labels.tenant }}}} burning {burn}x budget ({long_w} and {short_w} windows)"
-        ),
-        description=(
-            f"{{{{ $value | humanizePercentage }}}} of tenant {{{{ $labels.tenant }}}}'s requests {what} over "
-            f"the last {long_w}, and more than {limit:.4g} over the last {short_w}; the SLO allows "
-            f"{budget:.4g} ({slo}). At this rate a 30-day error budget lasts {30 / burn:.3g} days. "
-            f'Tenant "{OTHER}" is every tenant outside the top by request rate, summed.'
-        ),
-    )
