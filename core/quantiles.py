@@ -8,8 +8,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
-
 Bucket = tuple[float, float]  # (upper bound `le`, cumulative count)
 
 
@@ -52,26 +50,3 @@ def _monotonic(buckets: list[Bucket]) -> list[Bucket]:
             continue
         out.append((le, max(count, out[-1][1]) if out else count))
     return out
-
-
-def histogram_quantiles(q: float, les: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """`histogram_quantile` of each row of `counts` at once, for 0 <= q <= 1: `les` sorted and
-    distinct (the last +Inf), `counts` [rows, les] cumulative and non-decreasing along a row (a
-    merged histogram after `np.maximum.accumulate`). NaN where `histogram_quantile` gives None."""
-    rows = counts.shape[0]
-    if len(les) < 2 or not math.isinf(les[-1]):
-        return np.full(rows, np.nan)
-    total = counts[:, -1]
-    rank = q * total
-    b = np.argmax(counts >= rank[:, None], axis=1)
-    upper = les[b]
-    count = counts[np.arange(rows), b]
-    lower = np.where(b > 0, les[np.maximum(b - 1, 0)], 0.0)
-    below = np.where(b > 0, counts[np.arange(rows), np.maximum(b - 1, 0)], 0.0)
-    in_bucket = count - below
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inside = lower + (upper - lower) * ((rank - below) / in_bucket)
-    out = np.where(in_bucket <= 0, lower, inside)
-    out = np.where((b == 0) & (upper <= 0), upper, out)
-    out = np.where(b == len(les) - 1, les[-2], out)
-    return np.where(total > 0, out, np.nan)

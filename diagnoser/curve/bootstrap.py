@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvscope.core.quantiles import histogram_quantiles
 from kvscope.diagnoser.curve.intervals import Intervals
+from kvscope.diagnoser.evaluate.grid import quantile_from_planes
 
 REPLICATES = 400
 SEED = 55
@@ -114,7 +114,7 @@ def quantile_stat(name: str, q: float) -> Stat:
         if name not in iv.hists:
             return np.full(len(w), np.nan)
         les, arr = iv.hists[name]
-        return histogram_quantiles(q, les, np.maximum.accumulate(w @ np.nan_to_num(arr), axis=1))
+        return quantile_from_planes(q, les, np.maximum.accumulate(w @ np.nan_to_num(arr), axis=1).T)
 
     return stat
 

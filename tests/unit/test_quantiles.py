@@ -195,12 +195,12 @@ def test_window_quantile_and_rate_agree_with_prometheus(tmp_path):
 
 
 def test_the_quantiles_of_many_histograms_at_once_are_histogram_quantiles():
-    """histogram_quantiles (the bootstrap's replicates) gives, row by row, what histogram_quantile
+    """quantile_from_planes (the grid's, and the bootstrap's replicates) gives, row by row, what histogram_quantile
     gives: rank inside a bucket, in the first bucket (from 0, or at a bound <= 0), in +Inf (the
     highest finite bound), on an empty bucket, and no observations (NaN for None)."""
     import numpy as np
 
-    from kvscope.core.quantiles import histogram_quantiles
+    from kvscope.diagnoser.evaluate.grid import quantile_from_planes
 
     rng = np.random.default_rng(7)
     for les in (np.array([0.1, 0.5, 1.0, 2.5, np.inf]), np.array([-1.0, 0.0, 3.0, np.inf])):
@@ -209,7 +209,7 @@ def test_the_quantiles_of_many_histograms_at_once_are_histogram_quantiles():
         counts[5] = [0.0] * (len(les) - 1) + [3.0]  # only in +Inf
         counts[6] = [4.0] * len(les)  # only in the first bucket
         for q in (0.0, 0.5, 0.99, 1.0):
-            got = histogram_quantiles(q, les, counts)
+            got = quantile_from_planes(q, les, counts.T)
             for row, value in zip(counts, got, strict=True):
                 want = histogram_quantile(q, list(zip(les.tolist(), row.tolist(), strict=True)))
                 assert (np.isnan(value) and want is None) or value == pytest.approx(want), (q, row)
