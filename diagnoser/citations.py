@@ -18,46 +18,19 @@ from dataclasses import dataclass
 class Source:
     """One source document's public identity (docs/sources.md)."""
 
-    title: str  # how citations name it
-    full_title: str
-    author: str
-    date: str
+    title: str  # how citations name it (full title, author and date: docs/sources.md)
     url: str = ""
 
 
 SOURCES = {
     "000": Source(
         "Why more GPUs is not enough for LLM inference",
-        "Why more GPUs is not enough for LLM inference",
-        "starptech blog",
-        "2026-05-28",
         "https://starptech.com/blog/why-more-gpus-is-not-enough-for-llm-inference/",
     ),
-    "001": Source(
-        "llm-d on a GH200, multi-tenant test",
-        "An llm-d v0.4 deployment on a Lambda Labs GH200: a multi-tenant Locust test read on the llm-d "
-        "Grafana dashboards (results part)",
-        "blog post",
-        "2026",
-    ),
-    "002": Source(
-        "Sizing LLM Inference for Production",
-        "Sizing LLM Inference for Production: A Field Guide (v1.0)",
-        "Vinay Jayanna",
-        "April 2026",
-    ),
-    "003": Source(
-        "Welcome to the Disaggregation Cliff",
-        "Your LLM Cluster Is at 90% HBM and 60% Is KV Cache. Welcome to the Disaggregation Cliff.",
-        "blog post",
-        "2026",
-    ),
-    "004": Source(
-        "GPU Serving & Autoscaling (LeetLLM)",
-        "GPU Serving & Autoscaling, a chapter of the LeetLLM course (Inference & Production Scale track)",
-        "LeetLLM",
-        "2026",
-    ),
+    "001": Source("llm-d on a GH200, multi-tenant test"),
+    "002": Source("Sizing LLM Inference for Production"),
+    "003": Source("Welcome to the Disaggregation Cliff"),
+    "004": Source("GPU Serving & Autoscaling (LeetLLM)"),
 }
 """The five source documents by the prefix rules cite them with."""
 

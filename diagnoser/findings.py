@@ -135,17 +135,13 @@ class Skipped:
 class ScaleChange:
     """A rule whose verdict on a short window depended on its durations being shortened: what it
     found with them shortened (`Diagnosis.time_scale`) and at their usual length, each one of
-    VERDICTS."""
+    "fired", "did not fire" or "not evaluable"."""
 
     rule_id: str
     title: str
     shortened: str
     full: str
     detail: str = ""  # where both fired: how they differ, "as critical (at the usual length as warning)"
-
-
-VERDICTS = ("fired", "did not fire", "not evaluable")
-"""A rule's verdict on a window, as `ScaleChange` compares them."""
 
 
 @dataclass(frozen=True)

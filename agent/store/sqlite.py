@@ -13,6 +13,7 @@ committed batch survives a crash of the process (WAL, `synchronous=NORMAL`). Ret
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import json
 import logging
@@ -22,7 +23,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvscope.agent.ratelog import warn_every
@@ -59,16 +60,6 @@ class StoreStats:
     deleted: Counter[str] = field(default_factory=Counter)  # rows removed by retention: age | size
     over_budget: Counter[str] = field(default_factory=Counter)  # instance -> samples refused: its series budget used up
     max_write_latency_s: float = 0.0
-
-    def copy(self) -> StoreStats:
-        """A copy whose counters are not shared with this one."""
-        return replace(
-            self,
-            dropped=Counter(self.dropped),
-            errors=Counter(self.errors),
-            deleted=Counter(self.deleted),
-            over_budget=Counter(self.over_budget),
-        )
 
 
 _SCHEMA = (
@@ -530,7 +521,7 @@ class SqliteStore:
     def _counters(self) -> StoreStats:
         """A copy of the counters, with the queue length and the series count, each under its lock."""
         with self._qlock:
-            st = self._stats.copy()
+            st = copy.deepcopy(self._stats)
             st.queued = self._queued
         with self._slock:
             st.series = len(self._ids)

@@ -120,7 +120,8 @@ def _place(f: Finding) -> str:
 
 
 def _verdict(res: list[Finding] | Skipped) -> str:
-    """One of VERDICTS: a rule that saw its mechanism off looked, and found nothing."""
+    """Fired, did not fire, or not evaluable (`ScaleChange`): a rule that saw its mechanism off
+    looked, and found nothing."""
     if isinstance(res, Skipped):
         return "did not fire" if res.reason.startswith(MECHANISM_OFF) else "not evaluable"
     return "fired" if res else "did not fire"

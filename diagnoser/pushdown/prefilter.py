@@ -115,10 +115,10 @@ def _chain_same_series(cc: ConditionCompiler, conds: list[tree.Cond], kept: list
     return out
 
 
-def fact_selectors(rule: Rule, catalog: Catalog, exported: bool = False) -> tuple[tuple[str, ...], list[str]]:
+def fact_selectors(rule: Rule, catalog: Catalog) -> tuple[tuple[str, ...], list[str]]:
     """(one selector per `fact == value` test whose fact only info-gauge labels carry: an engine
     without such a series cannot fire; the tests left to the evaluator, with the reason). Only
-    for rules grouped by instance. `exported`: the series that carry the fact with any value."""
+    for rules grouped by instance."""
     tests = rule.tree.facts
     if not tests:
         return (), []
@@ -133,7 +133,7 @@ def fact_selectors(rule: Rule, catalog: Catalog, exported: bool = False) -> tupl
         if test.op != "==" or static or not info or not _LABEL.fullmatch(name):
             left.append(f"fact {name}: checked by the evaluator")
             continue
-        cond = '!=""' if exported else f'=~"(?i){quote(re.escape(test.value))}"'
+        cond = f'=~"(?i){quote(re.escape(test.value))}"'
         out.append(f'{{__name__=~"{"|".join(re.escape(n) for n in info)}",{name}{cond}}}')
     return tuple(out), left
 
