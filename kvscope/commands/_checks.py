@@ -24,8 +24,11 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 def check_http_url(flag: str, value: str, example: str = "http://127.0.0.1:9090") -> str:
     """`value` if it is an http(s) URL with a host; else ValueError naming `flag`."""
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # "Invalid IPv6 URL": an unbalanced [ in the host
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{flag}: expected an http:// or https:// URL such as {example}, got {value!r}")
     return value
 

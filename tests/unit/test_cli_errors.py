@@ -122,6 +122,7 @@ def test_ui_refuses_a_non_openmetrics_recording_before_starting(capsys, not_open
     "argv",
     [
         ("diagnose", "--prometheus", "localhost:9090"),
+        ("diagnose", "--prometheus", "http://[::1:9090"),  # urlsplit's "Invalid IPv6 URL"
         ("diagnose", "--agent", "127.0.0.1:9464"),
         ("curve", "--prometheus", "localhost:9090"),
         ("goodput", "--agent", "127.0.0.1:9464"),
