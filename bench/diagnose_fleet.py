@@ -196,6 +196,7 @@ def run_child(argv: list[str], limit_s: float | None = None) -> dict:
     time: a child forked from this process would count this process's memory in its peak RSS. A
     command still running after `limit_s` is killed and reads as exit "timeout", wall inf."""
     stats = CACHE / "time.txt"
+    stats.parent.mkdir(parents=True, exist_ok=True)  # webhook_fleet's first use on a fresh machine
     stats.unlink(missing_ok=True)
     t0 = time.perf_counter()
     try:
