@@ -18,9 +18,10 @@
   improvement); the first phase alone is the no-restart control. Every phase replays the same
   shape (the same seeds): staircases of 10, 20 and 60 s dwell, a smooth ramp up and down, open-loop
   Poisson arrivals with bursts, a ramp the restarts land in the middle of (each side sees part
-  of it, with some levels on both), and two with long sides (an open-loop day, 7 minutes a phase;
-  stairs of 90 s dwell, 12 minutes a phase). Per phase and per segment the truths `level()` computes, plus
-  the host's CPU busy share polled once a second (a noisy neighbour shows there).
+  of it, with some levels on both), and shapes with long sides, 7-12 minutes a phase (open-loop
+  days at two rates; stairs of 10, 20 and 90 s dwell; the mid-ramp cut). Per phase and per
+  segment the truths `level()` computes, plus the host's CPU busy share polled once a second (a
+  noisy neighbour shows there).
 
 The expected verdicts are written into each YAML from the scenario below, before kvscope ever
 reads the recording. Run: .venv/bin/python -m testbed.curve_record [--only NAME] (3-8 min each).
@@ -143,6 +144,10 @@ SHAPES: dict[str, tuple[str, tuple[tuple[Seg, ...], ...]]] = {  # name: (summary
         "closed-loop stairs 1, 2, 4, 8, 16 streams, 10 s each, 12 times per phase (10 minutes)",
         (_stairs(STAIRS * 12, 10),) * 4,
     ),
+    "curve-shape-stairs-20-busy": (  # long sides at a load the KV cut bites: 10 minutes each
+        "closed-loop stairs 4, 8, 16, 24, 16, 8 streams, 20 s each, 5 times per phase (10 minutes)",
+        (_stairs((4, 8, 16, 24, 16, 8) * 5, 20),) * 4,
+    ),
     "curve-shape-mid-ramp": (
         "one closed-loop ramp 1 -> 16 -> 1 streams (10 s steps) that the restarts cut in the middle: "
         "1, 2, 4, 8 | 4, 8, 12, 16 | 16, 12, 8, 4 | 8, 4, 2, 1",
@@ -224,7 +229,7 @@ RULES_EXPECTED = (
             {
                 "levers": ["K1", "K2", "K3"],
                 "phase": "tiny-kv",
-                "why": "20 KV blocks under up to 16 streams (or a burst of arrivals): KV full, preemptions",
+                "why": "20 KV blocks under 4 streams or more (or a burst of arrivals): KV full, preemptions",
             }
         ]
         for name in SHAPES
