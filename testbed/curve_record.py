@@ -24,7 +24,8 @@
   noisy neighbour shows there).
 
 The expected verdicts are written into each YAML from the scenario below, before kvscope ever
-reads the recording. Run: .venv/bin/python -m testbed.curve_record [--only NAME] (3-8 min each).
+reads the recording. Run: .venv/bin/python -m testbed.curve_record [--only NAME] (3-8 min each;
+the long-sided shapes 30-50 min).
 """
 
 from __future__ import annotations
