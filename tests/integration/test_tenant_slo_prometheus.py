@@ -102,22 +102,28 @@ def test_ten_thousand_tenants_keep_top_n_plus_other(tmp_path: Path):
                 counts = query_range(prom.url, f"count({record})", first, end, step=1.0)
                 values = [float(v) for series in counts for _, v in series["values"]]
                 assert values and max(values) <= TOP_N + 1, (record, values and max(values))
-            # other sums the rest: its error ratio is that of the 9,995 quieter tenants together.
-            # Read until steady (bounded): in the first seconds each 5m rate holds two or three
-            # scrapes and is mostly extrapolation, so a numerator and denominator whose windows
-            # differ by one scrape read 1.5x apart (CI, 2026-11-26: 0.0449 for 0.0300 right after
-            # the records appeared; not reproduced here in ten runs under load)
+            # other sums the rest: its error ratio is that of the 9,995 quieter tenants together,
+            # to within the skew Prometheus allows between two recorded counters. A group runs its
+            # rules one after another, so a scrape that lands between two of them (a 10k-tenant
+            # body takes seconds under load) puts the errors record a scrape ahead of the requests
+            # record; and the SLO group may read one record an evaluation before the other. Each
+            # rate is then off by at most one 5 s interval over the span its window holds, and the
+            # ratio by at most 2 x 5 s over that span. (CI, 2026-11-30, Prometheus 3.5: 0.0312 for 0.0300 two
+            # minutes in, steady for its last 20 reads, one scrape over ~2 minutes; and 2026-11-26:
+            # 0.0449 in the first evaluations, when each 5m rate held two or three scrapes.) So it
+            # is read once the windows hold half a minute of scrapes (bounded wait).
             rest = range(TENANTS - TOP_N)
             expected = sum((i + 1) * (i % 7) / 100 for i in rest) / sum(i + 1 for i in rest)
             seen: list[float] = []
 
             def other_ratio() -> bool:
+                span = min(time.time() - started, 300.0)
                 other = query(prom.url, f'{error_record("5m")}{{tenant="other"}}')
                 seen.append(float(other[0]["value"][1]))
-                return abs(seen[-1] - expected) < 1e-3
+                return span >= 30 and abs(seen[-1] - expected) <= expected * 2 * 5 / span
 
             wait_until(
-                other_ratio, 120, f"other's error ratio {expected}", procs=(prom.proc,), logs=lambda: str(seen[-20:])
+                other_ratio, 180, f"other's error ratio {expected}", procs=(prom.proc,), logs=lambda: str(seen[-20:])
             )
     finally:
         server.shutdown()
