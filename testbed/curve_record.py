@@ -19,7 +19,7 @@
   shape (the same seeds): staircases of 10, 20 and 60 s dwell, a smooth ramp up and down, open-loop
   Poisson arrivals with bursts, a ramp the restarts land in the middle of (each side sees part
   of it, with some levels on both), and shapes with long sides, 7-12 minutes a phase (open-loop
-  days at two rates; stairs of 10, 20 and 90 s dwell; the mid-ramp cut). Per phase and per
+  days at two rates; stairs of 10, 20 and 90 s dwell; a ramp; the mid-ramp cut). Per phase and per
   segment the truths `level()` computes, plus the host's CPU busy share polled once a second (a
   noisy neighbour shows there).
 
@@ -94,6 +94,7 @@ def _stairs(levels: tuple[int, ...], dwell: float) -> tuple[Seg, ...]:
 
 
 RAMP = (1, 2, 4, 8, 12, 16, 12, 8, 4, 2, 1)
+RAMP_BUSY = (4, 8, 12, 16, 20, 24, 20, 16, 12, 8, 4)  # where the KV cut bites: from 4 streams on
 MID_RAMP = ((1, 2, 4, 8), (4, 8, 12, 16), (16, 12, 8, 4), (8, 4, 2, 1))  # per phase: one ramp up and down
 
 
@@ -148,6 +149,10 @@ SHAPES: dict[str, tuple[str, tuple[tuple[Seg, ...], ...]]] = {  # name: (summary
     "curve-shape-stairs-20-busy": (  # long sides at a load the KV cut bites: 10 minutes each
         "closed-loop stairs 4, 8, 16, 24, 16, 8 streams, 20 s each, 5 times per phase (10 minutes)",
         (_stairs((4, 8, 16, 24, 16, 8) * 5, 20),) * 4,
+    ),
+    "curve-shape-ramp-busy": (  # the ramp over long sides at a load the KV cut bites: 10 minutes each
+        "a closed-loop ramp 4 -> 24 -> 4 streams in 11 steps of 8 s, 7 times per phase (10 minutes)",
+        (_stairs(RAMP_BUSY * 7, 8),) * 4,
     ),
     "curve-shape-mid-ramp": (
         "one closed-loop ramp 1 -> 16 -> 1 streams (10 s steps) that the restarts cut in the middle: "
