@@ -108,10 +108,10 @@ def test_ten_thousand_tenants_keep_top_n_plus_other(tmp_path: Path):
             # body takes seconds under load) puts the errors record a scrape ahead of the requests
             # record; and the SLO group may read one record an evaluation before the other. Each
             # rate is then off by at most one 5 s interval over the span its window holds, and the
-            # ratio by at most 2 x 5 s over that span. (CI, 2026-11-30, Prometheus 3.5: 0.0312 for 0.0300 two
-            # minutes in, steady for its last 20 reads, one scrape over ~2 minutes; and 2026-11-26:
-            # 0.0449 in the first evaluations, when each 5m rate held two or three scrapes.) So it
-            # is read once the windows hold half a minute of scrapes (bounded wait).
+            # ratio by at most 2 x 5 s over that span. (CI, 2026-11-30, Prometheus 3.5: 0.0312 for
+            # 0.0300 two minutes in, steady for its last 20 reads, one scrape over ~2 minutes; and
+            # 2026-11-26: 0.0449 in the first evaluations, when each 5m rate held two or three
+            # scrapes.) So it is read once the windows hold half a minute of scrapes (bounded wait).
             rest = range(TENANTS - TOP_N)
             expected = sum((i + 1) * (i % 7) / 100 for i in rest) / sum(i + 1 for i in rest)
             seen: list[float] = []
