@@ -96,6 +96,7 @@ def _stairs(levels: tuple[int, ...], dwell: float) -> tuple[Seg, ...]:
 RAMP = (1, 2, 4, 8, 12, 16, 12, 8, 4, 2, 1)
 RAMP_BUSY = (4, 8, 12, 16, 20, 24, 20, 16, 12, 8, 4)  # where the KV cut bites: from 4 streams on
 MID_RAMP = ((1, 2, 4, 8), (4, 8, 12, 16), (16, 12, 8, 4), (8, 4, 2, 1))  # per phase: one ramp up and down
+MID_RAMP_BUSY = ((4, 8, 12, 16), (12, 16, 20, 24), (24, 20, 16, 12), (16, 12, 8, 4))  # the same, where the cut bites
 
 
 def _bursts(base: float, burst: float) -> tuple[Seg, ...]:
@@ -163,6 +164,11 @@ SHAPES: dict[str, tuple[str, tuple[tuple[Seg, ...], ...]]] = {  # name: (summary
         "closed-loop ramp quarters (10 s steps) that the restarts cut, each phase's quarter 15 times: "
         "1, 2, 4, 8 | 4, 8, 12, 16 | 16, 12, 8, 4 | 8, 4, 2, 1",
         tuple(_stairs(levels * 15, 10) for levels in MID_RAMP),
+    ),
+    "curve-shape-mid-ramp-busy": (  # the mid-ramp cut over long sides at a load the KV cut bites
+        "closed-loop ramp quarters (10 s steps) that the restarts cut, each phase's quarter 15 times: "
+        "4, 8, 12, 16 | 12, 16, 20, 24 | 24, 20, 16, 12 | 16, 12, 8, 4",
+        tuple(_stairs(levels * 15, 10) for levels in MID_RAMP_BUSY),
     ),
 }
 SHAPE_CHANGES = [
