@@ -19,7 +19,7 @@
   shape (the same seeds): staircases of 10, 20 and 60 s dwell, a smooth ramp up and down, open-loop
   Poisson arrivals with bursts, a ramp the restarts land in the middle of (each side sees part
   of it, with some levels on both), and shapes with long sides, 7-12 minutes a phase (open-loop
-  days at two rates; stairs of 10, 20 and 90 s dwell; a ramp; the mid-ramp cut). Per phase and per
+  days at two rates; open-loop bursts; stairs of 10, 20 and 90 s dwell; a ramp; the mid-ramp cut). Per phase and per
   segment the truths `level()` computes, plus the host's CPU busy share polled once a second (a
   noisy neighbour shows there).
 
@@ -99,9 +99,9 @@ MID_RAMP = ((1, 2, 4, 8), (4, 8, 12, 16), (16, 12, 8, 4), (8, 4, 2, 1))  # per p
 MID_RAMP_BUSY = ((4, 8, 12, 16), (12, 16, 20, 24), (24, 20, 16, 12), (16, 12, 8, 4))  # the same, where the cut bites
 
 
-def _bursts(base: float, burst: float) -> tuple[Seg, ...]:
-    """Poisson arrivals at `base` per second with two 10 s bursts at `burst` per second."""
-    return (Seg(25, rate=base), Seg(10, rate=burst), Seg(25, rate=base), Seg(10, rate=burst))
+def _bursts(base: float, burst: float, times: int = 1) -> tuple[Seg, ...]:
+    """Poisson arrivals at `base` per second with two 10 s bursts at `burst` per second, `times` over."""
+    return (Seg(25, rate=base), Seg(10, rate=burst), Seg(25, rate=base), Seg(10, rate=burst)) * times
 
 
 DAY_RATES = (4.0, 8.0, 12.0, 16.0, 12.0, 8.0, 4.0)
@@ -138,6 +138,10 @@ SHAPES: dict[str, tuple[str, tuple[tuple[Seg, ...], ...]]] = {  # name: (summary
         "open-loop Poisson arrivals whose rate rises 8 -> 32 -> 8 per second in 45 s steps, twice per phase "
         "(10.5 minutes)",
         (_day(RUSH_RATES, 45),) * 4,
+    ),
+    "curve-shape-poisson-bursts-busy": (  # the bursts over long sides at a load the KV cut bites: 10.5 minutes
+        "open-loop Poisson arrivals at 12/s with two 10 s bursts at 32/s, 9 times per phase (10.5 minutes)",
+        (_bursts(12.0, 32.0, 9),) * 4,
     ),
     "curve-shape-stairs-long": (  # long sides: 12 minutes each, 24-48 intervals at 15-30 s scrapes
         "closed-loop stairs 1, 4, 16, 4 streams, 90 s each, twice per phase (12 minutes)",

@@ -148,7 +148,7 @@ LIBRARY = sorted(p for p in RECORDINGS.glob("*.om*") if p.is_file()) if RECORDIN
 def _panel_library() -> list[Path]:
     """LIBRARY with the curve-shape recordings (testbed/curve_record.py) read once per engine build:
     one recorder, one engine with the same flags in the same four phases, so they hold the same
-    series (names and label names: 94 in each of the 15, 2026-11-30) and the panels find the same
+    series (names and label names: 94 in each of the 16, 2026-11-30) and the panels find the same
     signals in each. The smallest of those with one `source` stands for the rest (twelve of them
     took about 3.5 minutes more here, the six long ones 22-29 s each). Every recording still runs
     through the diagnoses, the fleet path's parity and the promtool backfill."""
@@ -353,13 +353,13 @@ def test_every_panel_query_returns_data_or_is_declared_absent(loaded):
 
 
 # not in the server matrix (`servers`): one Prometheus and a rule backfill per library recording
-# (48 of the 62: `_panel_library`) is the slowest part of this file, and it checks which series
+# (48 of the 63: `_panel_library`) is the slowest part of this file, and it checks which series
 # exist, not how a range reads them; the panels' PromQL runs on both generations through the tests marked `servers`. The rules
 # are evaluated every 15 s, as the deploy config does: at the recordings' 2 s the backfill of the
 # hour-long curve-shape recordings took up to 106 s each on a loaded 2-core box.
 @pytest.mark.parametrize("path", _panel_library(), ids=lambda p: p.name)
 def test_library_recordings_show_data_or_declared_absence(path, tmp_path):
-    """Every real recording of the incident library (one curve-shape recording for the 15 alike):
+    """Every real recording of the incident library (one curve-shape recording for the 16 alike):
     no silently empty panel either."""
     explained: list[str] = []
     with serve_recording(path, tmp_path, eval_interval="15s") as (url, replay):
