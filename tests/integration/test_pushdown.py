@@ -2,7 +2,8 @@
 with the candidate records (rules/prometheus/kvscope-candidates.yml) backfilled as a live
 Prometheus would have evaluated them (`promtool tsdb create-blocks-from rules`).
 
-* Golden: every recording of the incident library and its candidates, backfilled into a real
+* Golden: every recording of the incident library (of the 16 curve-shape ones, which hold the
+  same series, two: `CURVE_SHAPES_READ`) and its candidates, backfilled into a real
   Prometheus 2.42, is diagnosed through both Prometheus paths (`fetch_frame` + `diagnose`, and
   `diagnose_fleet`); the Diagnosis JSON must be identical: over the whole recording (short ones
   run at a time scale the records are not for, and every instance is younger than the rules'
@@ -75,14 +76,25 @@ def _both(url: str, start: float, end: float, step: float, scale: float | None):
     return full, fleet, report, sum(int(np.count_nonzero(~np.isnan(b.values))) for b in frame.blocks.values())
 
 
+CURVE_SHAPES_READ = ("curve-shape-mid-ramp", "curve-shape-poisson-bursts-busy")
+"""The curve-shape recordings (16, the curve's robustness bench) hold the same 94 series of one vLLM
+version at one scrape, through the same three restarts: two stand for them here, one read in a
+single window and one long enough for the second window read from the records. All 16 took 250 s
+of the engine suite on the 2-core box; each one's diagnosis is checked in test_diagnose_recordings."""
+
+
 @pytest.mark.parametrize(
     "recording",
     # in the server matrix (`servers`): the fleet recordings only. The whole library on Prometheus
     # 3 took 11 of the current half's 21 minutes on a loaded 2-core box; the records' ranges read
     # the same way on every recording, and the fleets are where the records carry the diagnosis.
-    [pytest.param(p, id=p.name[:-6], marks=[pytest.mark.servers] * p.name.startswith("fleet-")) for p in RECORDINGS],
+    [
+        pytest.param(p, id=p.name[:-6], marks=[pytest.mark.servers] * p.name.startswith("fleet-"))
+        for p in RECORDINGS
+        if not p.name.startswith("curve-shape-") or p.name[:-6] in CURVE_SHAPES_READ
+    ],
 )
-def test_the_fleet_path_gives_the_full_fetch_diagnosis_on_every_recording(recording, tmp_path):
+def test_the_fleet_path_gives_the_full_fetch_diagnosis_on_the_library(recording, tmp_path):
     plain = tmp_path / "rec.om"
     with gzip.open(recording, "rb") as src, plain.open("wb") as dst:
         shutil.copyfileobj(src, dst)
