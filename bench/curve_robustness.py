@@ -29,7 +29,10 @@ after that, which no estimate can decide on. The knee: `curve-vllm-max-num-seqs`
 (testbed/curve_record.py); right when the knee lies within the in-flight means of that level and
 the ones before and after it (the lowest to the highest of the three), placed by a sign. With
 `--seeds`, every cell is judged again at each bootstrap seed (the product's is fixed), and the
-cells whose outcome moves with the seed are listed: a verdict only some replicates give.
+cells whose outcome moves with the seed are listed: a verdict only some replicates give. Where a
+change is `not_comparable`, the traffic kvscope says would decide it ("to decide it: ...", the
+CLI's words) is shown with `--detail`, and the totals count the abstentions on a real change that
+say it.
 
     .venv/bin/python bench/curve_robustness.py [--only NAME ...] [--scrapes 2 15 30] [--detail] [--seeds N ...]
 """
@@ -49,7 +52,7 @@ import yaml
 from kvscope.diagnoser.curve import bootstrap
 from kvscope.diagnoser.curve.compare import Thresholds
 from kvscope.diagnoser.curve.operating import PLACING
-from kvscope.diagnoser.curve.report import ENGINE_VERDICTS, SETTLE_S, pool_curves
+from kvscope.diagnoser.curve.report import ENGINE_VERDICTS, SETTLE_S, change_notes, pool_curves
 from kvscope.diagnoser.curve.window import read_window
 from kvscope.diagnoser.sources.recording import RecordingSource
 
@@ -77,6 +80,7 @@ class Cell:
     spurious: int = 0
     note: str = ""
     side_intervals: int = 0  # the shorter side (the after side less the settle time) in scrape intervals
+    to_decide: str = ""  # where kvscope abstained: the traffic it says would decide it, in its own words
 
 
 def _meta(name: str) -> dict:
@@ -156,6 +160,7 @@ def change_cells(name: str, meta: dict, source: RecordingSource, scrape_s: float
         engine = beyond(rel, delta, th)
         shift = "" if rel is None else f"{rel:+.0%} ({delta:+.2f} s): {engine}"
         note = ", ".join(sorted(j.change.kind for j in at)) if at else ""
+        said = change_notes(at[0]).partition("; to decide it: ")[2] if at and got == "not_comparable" else ""
         cells.append(
             Cell(
                 name,
@@ -168,6 +173,7 @@ def change_cells(name: str, meta: dict, source: RecordingSource, scrape_s: float
                 spurious,
                 note,
                 int(min(before["end_s"] - before["start_s"], after["end_s"] - after["start_s"] - SETTLE_S) // scrape_s),
+                said,
             )
         )
     first = phases[0]
@@ -246,6 +252,7 @@ def table(cells: list[Cell]) -> str:
     rows = [head, "|" + "---|" * 7]
     for c in cells:
         got = c.got + (f" ({c.note})" if c.note else "") + (f" +{c.spurious} spurious" if c.spurious else "")
+        got += f"; to decide it: {c.to_decide}" if c.to_decide else ""
         short = c.recording.removeprefix("curve-shape-").removeprefix("curve-vllm-")
         rows.append(f"| {short} | {c.scrape_s:g} s | {c.change} | {c.truth} | {c.truth_shift} | {got} | {c.outcome} |")
     return "\n".join(rows)
@@ -293,6 +300,9 @@ def totals(cells: list[Cell]) -> str:
         span = f"{lo}-{hi}" if hi else f">= {lo}"
         n = sum(c.outcome == "abstained" for c in part)
         out.append(f"  of those, sides of {span} scrape intervals: {n} of {len(part)} abstained")
+    missed = [c for c in engine if c.outcome == "abstained"]
+    named = sum(bool(c.to_decide) for c in missed)
+    out.append(f"  of the {len(missed)} abstentions, {named} say how much more traffic, at which load, decides them")
     out.append(f"spurious engine verdicts inside change windows: {sum(c.spurious for c in cells)}")
     return "\n".join(out)
 
