@@ -35,6 +35,7 @@ CLI's words) is shown with `--detail`, and the totals count the abstentions on a
 say it.
 
     .venv/bin/python bench/curve_robustness.py [--only NAME ...] [--scrapes 2 15 30] [--detail] [--seeds N ...]
+    .venv/bin/python bench/curve_robustness.py --asked 70 [--only NAME ...]  # 70 s sides, then given the ask
 """
 
 from __future__ import annotations
@@ -141,19 +142,31 @@ def _judged(source: RecordingSource, start: float, end: float) -> list:
     return [j for pc in pool_curves(read_window(source, start, end, source.natural_step())) for j in pc.changes]
 
 
+def _sides(meta: dict, want: dict) -> tuple[dict, dict]:
+    """The phases before and after the change `want` (an `expected_curve` entry)."""
+    phases = meta["phases"]
+    i = [p["name"] for p in phases].index(want["after_phase"])
+    return phases[i - 1], phases[i]
+
+
+def _at_change(source: RecordingSource, t0: float, before: dict, after: dict, start: float, end: float) -> tuple:
+    """(the judged change found between the two phases or None, every change judged over start..end)."""
+    step = source.natural_step()
+    judged = _judged(source, start, end)
+    lo, hi = t0 + before["end_s"] - step, t0 + after["start_s"] + 2 * step
+    at = [j for j in judged if lo <= j.change.time <= hi]
+    at.sort(key=lambda j: j.change.kind == "curve")  # a restart or config event over a curve shift
+    return (at[0] if at else None), judged
+
+
 def change_cells(name: str, meta: dict, source: RecordingSource, scrape_s: float, th: Thresholds) -> list[Cell]:
     t0 = meta["recorded_at_unix"]
     phases = meta["phases"]
-    names = [p["name"] for p in phases]
-    step = source.natural_step()
     cells = []
     for want in meta["expected_curve"]["changes"]:
-        i = names.index(want["after_phase"])
-        before, after = phases[i - 1], phases[i]
-        judged = _judged(source, t0 + before["start_s"], t0 + after["end_s"])
-        lo, hi = t0 + before["end_s"] - step, t0 + after["start_s"] + 2 * step
-        at = [j for j in judged if lo <= j.change.time <= hi]
-        at.sort(key=lambda j: j.change.kind == "curve")  # a restart or config event over a curve shift
+        before, after = _sides(meta, want)
+        found, judged = _at_change(source, t0, before, after, t0 + before["start_s"], t0 + after["end_s"])
+        at = [found] if found else []
         got = at[0].verdict if at else "missed"
         spurious = sum(j.verdict in ENGINE_VERDICTS for j in judged if not at or j is not at[0])
         rel, delta = truth_shift(before, after)
@@ -182,6 +195,52 @@ def change_cells(name: str, meta: dict, source: RecordingSource, scrape_s: float
     got = ",".join(f"{j.change.kind}:{j.verdict}" for j in judged) or "no change"
     cells.append(Cell(name, scrape_s, "control", "no engine verdict", got, "wrong" if engine else "right"))
     return cells
+
+
+def asked_rows(name: str, meta: dict, source: RecordingSource, scrape_s: float, th: Thresholds, side_s: float) -> list:
+    """Whether the traffic an abstention asks for decides it: per change, judged over `side_s`
+    seconds of each phase next to it; where that is `not_comparable` and says how much more traffic
+    each side needs, judged again with each side widened by that much (within its phase).
+    Rows: (recording, scrape, change, truth, first verdict, the ask, verdict given it, the outcome of
+    the last verdict). The truth is the whole phases' (`truth_shift`): near the change the load
+    differs from the phases' mix, so a real change's engine truth there is approximate."""
+    t0 = meta["recorded_at_unix"]
+    rows = []
+    for want in meta["expected_curve"]["changes"]:
+        before, after = _sides(meta, want)
+        cut, start = t0 + before["end_s"], t0 + after["start_s"]
+        found, _ = _at_change(source, t0, before, after, cut - side_s, start + side_s)
+        first = found.verdict if found else "missed"
+        ask = (found.more_traffic or [None])[0] if first == "not_comparable" else None
+        more = [ask[side]["more_seconds"] if ask else None for side in ("before", "after")]
+        engine = beyond(*truth_shift(before, after), th)
+        if ask is None or None in more:
+            outcome = classify(want["verdict"], first, engine)
+            rows.append((name, scrape_s, CHANGE_NAMES[want["verdict"]], want["verdict"], first, "", "", outcome))
+            continue
+        lo = max(t0 + before["start_s"], cut - side_s - more[0])
+        hi = min(t0 + after["end_s"], start + side_s + more[1])
+        again, _ = _at_change(source, t0, before, after, lo, hi)
+        got = again.verdict if again else "missed"
+        said = f"+{more[0]:g} s before, +{more[1]:g} s after at {ask['concurrency']:g} in the engine"
+        said += "" if (lo, hi) == (cut - side_s - more[0], start + side_s + more[1]) else " (cut to the phase)"
+        rows.append((name, scrape_s, CHANGE_NAMES[want["verdict"]], want["verdict"], first, said, got,
+                     classify(want["verdict"], got, engine)))  # fmt: skip
+    return rows
+
+
+def asked_table(rows: list) -> str:
+    head = "| recording | scrape | cell | truth | over the short sides | asked | given it | outcome |"
+    out = [head, "|" + "---|" * 8]
+    out += ["| " + " | ".join(f"{x:g} s" if isinstance(x, float) else str(x) for x in r) + " |" for r in rows]
+    asked = [r for r in rows if r[5]]
+    n, first = Counter(r[7] for r in asked), Counter(r[7] for r in rows if not r[5])
+    out.append(
+        f"\nover the short sides: {first['right']} right, {len(asked) + first['abstained']} abstained "
+        f"({len(asked)} with an ask), {first['wrong']} wrong; given the traffic asked: "
+        f"{n['right']} right, {n['abstained']} abstained, {n['wrong']} wrong"
+    )
+    return "\n".join(out)
 
 
 def knee_cell(name: str, meta: dict, source: RecordingSource, scrape_s: float) -> Cell:
@@ -313,6 +372,13 @@ def main(argv: list[str] | None = None) -> int:
     shapes += sorted(p.name.removesuffix(".yaml") for p in RECORDINGS.glob(f"{KNEE}*.yaml"))
     ap.add_argument("--only", nargs="+", help=f"recordings (default: {', '.join(shapes)})")
     ap.add_argument("--detail", action="store_true", help="one row per cell, with the engine truth")
+    ap.add_argument(
+        "--asked",
+        type=float,
+        metavar="SECONDS",
+        help="instead: judge each change over this many seconds of each phase, and where that abstains "
+        "with an ask, again with the traffic it asked for",
+    )
     ap.add_argument("--scrapes", nargs="+", type=float, default=[2.0, 15.0, 30.0], help="scrape intervals, s")
     ap.add_argument(
         "--seeds",
@@ -323,6 +389,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = ap.parse_args(argv)
     t = time.monotonic()
+    if a.asked:
+        rows = []
+        with tempfile.TemporaryDirectory(prefix="kvs-curve-bench-") as tmp:
+            for name in [n for n in a.only or shapes if not n.startswith(KNEE)]:
+                meta = _meta(name)
+                for s, source in sources(name, a.scrapes, Path(tmp)):
+                    rows += asked_rows(name, meta, source, s, Thresholds(), a.asked)
+        print(asked_table(rows))
+        print(f"wall: {time.monotonic() - t:.0f} s")
+        return 0
     by_seed = run(a.only or shapes, a.scrapes, a.seeds)
     cells = by_seed[a.seeds[0]]
     print(table(cells) if a.detail else compact(cells))
