@@ -66,6 +66,13 @@ runs fewer and keeps more waiting: shorter steps; growing it back runs them all:
 the step and ITL at different batches read the setting's trade of TTFT for ITL, not the engine's
 speed (on the bench's stairs-10, growing the KV back read ITL p99 +120 % at 3-10 in the engine
 while TTFT p99 fell by 70 %)."""
+SAME_LOAD = ("output_tokens_per_s",)
+"""Read only at the matched buckets where both sides held the same mean requests in the engine,
+within the relative threshold (`same_load`): below the knee the tokens an engine serves a second
+grow with the requests it holds, and a bucket is x1.41 wide, so throughput read across a bucket
+where the sides held different load reads the load (on the bench's stairs-long, 70 s each side of
+a same-flags restart, one bucket held 1.35 in the engine before and 0.87 after: -34 %). Where no
+matched bucket held the same load, the metric is `unmatched`: no `no_change` without it."""
 MIX = {  # the token mix each side's requests carried: name -> (tokens counter, requests counter)
     "prompt_tokens_per_request": ("engine_prompt_tokens_total", "request_ttft_seconds_count"),
     "output_tokens_per_request": ("engine_generation_tokens_total", "engine_requests_finished_total"),
@@ -132,33 +139,54 @@ def _rows(iv: Intervals, p: Point) -> np.ndarray:
     return np.flatnonzero(ok & (b == int(np.searchsorted(EDGES, p.bucket[0]))))
 
 
+class Deltas(NamedTuple):
+    """`deltas`' answer: per metric its delta at the matched load; the matched buckets and pools;
+    the sides' token mix there; the engine's step time (None: no ITL); the metrics the engines
+    export that no matched bucket held at the same load (SAME_LOAD: compared nowhere)."""
+
+    metrics: dict
+    matched: list[At]
+    mix: dict
+    step: dict | None
+    unmatched: list[str]
+
+
 def deltas(
-    before: list[Point], after: list[Point], before_iv: Intervals, after_iv: Intervals, pool: bool = True
-) -> tuple[dict, list[At], dict, dict | None]:
+    before: list[Point],
+    after: list[Point],
+    before_iv: Intervals,
+    after_iv: Intervals,
+    pool: bool = True,
+    th: Thresholds = Thresholds(),
+) -> Deltas:
     """Per metric {before, after, delta, relative, interval, relative_interval, buckets} over the
     matched buckets (the intervals from the bootstrap): the buckets both sides hold densely, and
     the pools of the others (`pooled.pools`: adaptive buckets, each side weighted to the same mix
     of load; `pool` False: none); the matched buckets and pools (`At`); the
-    sides' offered load there: per MIX name {before, after, relative} (None where absent); and the
-    engine's step time with every metric scaled by it (`_step_time`; None: no ITL)."""
+    sides' offered load there: per MIX name {before, after, relative} (None where absent); the
+    engine's step time with every metric scaled by it (`_step_time`; None: no ITL); and the
+    SAME_LOAD metrics read at some matched bucket but at none that held the same load."""
     b_by = {p.bucket: p for p in before if not p.sparse}
     pairs = [(b_by[p.bucket], p) for p in after if not p.sparse and p.bucket in b_by]
     taken = {int(np.searchsorted(EDGES, a.bucket[0])) for _, a in pairs}
     pooled = pools(before_iv, after_iv, taken) if pool else []
     if not pairs and not pooled:
-        return {}, [], {}, None
+        return Deltas({}, [], {}, None, [])
     dense = [Matched(_rows(before_iv, b), _rows(after_iv, a), float(min(a.intervals, b.intervals))) for b, a in pairs]
     loads = [(load(before_iv, *m.side(0)), load(after_iv, *m.side(1))) for m in pooled]
     same = [same_batch(b, a) for b, a in pairs + loads]
-    only = {m: same for m in SAME_BATCH}
+    level = [same_load(b, a, th) for b, a in pairs + loads]
+    only = {m: same for m in SAME_BATCH} | {m: level for m in SAME_LOAD}
     reps = bootstrap.matched_replicates(before_iv, after_iv, dense + pooled, _stats(before_iv.step), only=only)
     out = _rows_deltas(before_iv, after_iv, dense + pooled, tuple(METRICS), reps, only=only)
+    gone = tuple(m for m in SAME_LOAD if m not in out)
+    unmatched = list(_rows_deltas(before_iv, after_iv, dense + pooled, gone, reps)) if gone else []
     matched = [At(a.bucket, a.concurrency, (b.intervals, a.intervals), (b.requests or 0.0, a.requests or 0.0))
                for b, a in pairs]  # fmt: skip
     if pooled:
         buckets = placed(before_iv)[0], placed(after_iv)[0]
         matched += [_pool_at(before_iv, after_iv, buckets, m, a) for m, (_, a) in zip(pooled, loads, strict=True)]
-    return out, matched, _mix(reps), _step_time(reps, out)
+    return Deltas(out, matched, _mix(reps), _step_time(reps, out), unmatched)
 
 
 def _mix(reps: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, dict | None]:
@@ -188,6 +216,12 @@ def same_batch(b: Point | Load, a: Point | Load) -> bool:
         return False
     calm = not b.preemptions_per_s and not a.preemptions_per_s
     return calm and abs((b.concurrency - b.waiting) - (a.concurrency - a.waiting)) <= KneeParams().pinned_slack
+
+
+def same_load(b: Point | Load, a: Point | Load, th: Thresholds = Thresholds()) -> bool:
+    """Both sides held the same mean requests in the engine at this matched bucket: within the
+    relative threshold of the larger (SAME_LOAD says why)."""
+    return abs(b.concurrency - a.concurrency) <= th.relative * max(b.concurrency, a.concurrency)
 
 
 def _delta(mb: float, ma: float, rb: np.ndarray, ra: np.ndarray, level: float = bootstrap.LEVEL) -> dict:
@@ -296,7 +330,11 @@ def step_held(step: dict | None, th: Thresholds) -> bool:
 
 
 def verdict(
-    d: dict, th: Thresholds = Thresholds(), mix: dict | None = None, step: dict | None = None
+    d: dict,
+    th: Thresholds = Thresholds(),
+    mix: dict | None = None,
+    step: dict | None = None,
+    unmatched: list[str] | tuple[str, ...] = (),
 ) -> tuple[str, list[str], list[str]]:
     """(verdict, metrics worse, metrics better). `not_comparable` where nothing is matched, or where
     the sides' token mix differs (a different workload: `mix_differs`). Where the engine's step
@@ -307,11 +345,12 @@ def verdict(
     threshold), a metric counts only where the reading with the step divided out has it too.
     None left and some explained by the step: `not_comparable` (the reason says why). `no_change`
     only where every metric's interval excludes a change beyond the thresholds (`undecided`: else
-    `not_comparable`, the data cannot decide)."""
+    `not_comparable`, the data cannot decide) and every metric the engines export was compared
+    (`unmatched`: those no matched bucket held at the same load, SAME_LOAD)."""
     if not d or (mix and mix_differs(mix, th)):
         return "not_comparable", [], []
     v, worse, better = _read(d, th)
-    if v == "no_change" and undecided(d, th):
+    if v == "no_change" and (undecided(d, th) or unmatched):
         return "not_comparable", [], []
     moved = step_moved(step, th)
     if v == "no_change" or (not moved and step_held(step, th)):

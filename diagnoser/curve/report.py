@@ -170,9 +170,9 @@ def judge(
         # what it did (a KV cut evicts the cache and slows the steps): neither gates the verdict
         setting = c.kind == "config"
         for pool in (True, False):
-            d, matched, mix, step = deltas(*sides, before, after, pool)
+            d, matched, mix, step, unmatched = deltas(*sides, before, after, pool, th)
             gate = gated(mix, cache=not setting)
-            v, worse, better = verdict(d, th, gate, None if setting else step)
+            v, worse, better = verdict(d, th, gate, None if setting else step, unmatched)
             if c.kind in SETTINGS or v not in ENGINE_VERDICTS:
                 break  # a change of no setting takes only no_change from the pools (SETTINGS)
         # a change of no setting is the engine's only where the machine's speed is read held
@@ -185,7 +185,7 @@ def judge(
             if by_rate:
                 v, worse, better = by_rate["verdict"], by_rate["worse"], by_rate["better"]
                 d, mix = by_rate["deltas"], by_rate["offered_load"]
-        reason = UNREAD_STEP if unread else _reason(v, d, gate, None if setting else step, th)
+        reason = UNREAD_STEP if unread else _reason(v, d, gate, None if setting else step, th, unmatched)
         more = more_traffic(*sides, iv.step) if not d else None
         if reason and reason.startswith(UNDECIDED):
             more = more_to_settle(d, th, matched, iv.step) or None
@@ -209,7 +209,9 @@ def _by_rate(before: Intervals, after: Intervals, th: Thresholds, kind: str) -> 
     return by_offered_load(before, after, th, gate_cache=kind != "config") if setting else None
 
 
-def _reason(v: str, d: dict, mix: dict, step: dict | None, th: Thresholds) -> str | None:
+def _reason(
+    v: str, d: dict, mix: dict, step: dict | None, th: Thresholds, unmatched: list[str] | None = None
+) -> str | None:
     """Why a change that had matched buckets was given no verdict (None: it was given one)."""
     if v != "not_comparable" or not d:
         return None
@@ -231,6 +233,13 @@ def _reason(v: str, d: dict, mix: dict, step: dict | None, th: Thresholds) -> st
             f"the engine's step time may have moved: mean ITL {step['before']:.3g} -> {step['after']:.3g} s at "
             f"the same batch ({100 * lo:+.0f}..{100 * hi:+.0f}%), and with it divided out no metric clears the "
             "thresholds: a machine that got faster or slower (a noisy neighbour, a starved API server) is not ruled out"
+        )
+    if unmatched and not undecided(d, th):
+        return (
+            f"{', '.join(unmatched)} not compared: at every matched bucket the two sides held different "
+            "numbers of requests in the engine (by more than the relative threshold), and below the knee "
+            "throughput follows that number; the metrics compared show no change, which is not shown "
+            "without it: traffic at the same load on both sides would decide it"
         )
     if open_ := undecided(d, th):
         said = ", ".join(f"{m} {100 * lo:+.0f}..{100 * hi:+.0f}%" for m in open_ for lo, hi in [_rel(d[m])])

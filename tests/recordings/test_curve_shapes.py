@@ -115,3 +115,24 @@ def test_open_loop_below_saturation_is_judged_at_the_arrival_rate():
     assert j.verdict == "no_change", (j.verdict, j.reason)
     assert j.by_arrival_rate and j.by_arrival_rate["method"] == "matched" and j.by_arrival_rate["rate_buckets"] >= 3
     assert "judged at the arrival rate" in " ".join(changes_text(pc))
+
+
+@pytest.mark.parametrize(
+    ("name", "before_s", "after_s", "read_at"),
+    [("curve-shape-stairs-long", 70, 70, 0), ("curve-shape-stairs-10-long", 150, 124, 1)],
+)
+def test_throughput_is_read_only_at_the_same_load(name, before_s, after_s, read_at):
+    """A same-flags restart judged over short sides next to it (the sides of the bench's
+    `--asked 70`): one matched bucket (0.5-1.5 in the engine) held 1.35 requests before and 0.87
+    after on stairs-long (0.86 and 1.06 on stairs-10-long), and output tokens/s read across it
+    moved with that load (-34 %, +28 %), which once read as a regression and an improvement of an
+    engine that did not change. Throughput is compared only at the buckets where the sides held
+    the same load (none on stairs-long, the one at 1.85 on stairs-10-long), and no verdict of the
+    engine is given."""
+    meta, source = _meta(name), RecordingSource(HERE / f"{name}.om.gz")
+    t0 = meta["recorded_at_unix"]
+    before, after = meta["phases"][:2]
+    j, _ = bench._at_change(source, t0, before, after, t0 + before["end_s"] - before_s, t0 + after["start_s"] + after_s)
+    assert j is not None and j.change.kind == "restart"
+    assert j.verdict in ("no_change", "not_comparable"), (j.verdict, j.worse, j.better, j.deltas)
+    assert j.deltas.get("output_tokens_per_s", {}).get("buckets", 0) == read_at, j.deltas

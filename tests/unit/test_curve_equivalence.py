@@ -7,7 +7,8 @@ TTFT p99 fell 76 % read no_change over an interval of [-0.147, -0.060] s against
 
 from __future__ import annotations
 
-from kvscope.diagnoser.curve.compare import Thresholds, undecided, verdict
+from kvscope.diagnoser.curve.compare import Thresholds, same_load, undecided, verdict
+from kvscope.diagnoser.curve.pooled import Load
 
 
 def _d(interval, rel):
@@ -35,6 +36,23 @@ def test_intervals_inside_the_thresholds_are_no_change():
 def test_an_interval_wholly_past_the_thresholds_is_still_a_verdict():
     d = {"ttft_p99_s": _d([0.2, 0.5], [0.5, 2.0]), "output_tokens_per_s": _d([-30.0, 25.0], [-0.4, 0.3])}
     assert verdict(d, Thresholds()) == ("regression", ["ttft_p99_s"], [])
+
+
+def test_no_change_needs_every_exported_metric_compared():
+    """TTFT within the thresholds, and throughput compared at no matched bucket (the sides held
+    different load at each: `compare.SAME_LOAD`): not no_change; a regression still stands."""
+    d = {"ttft_p99_s": _d([-0.05, 0.04], [-0.60, 0.50])}
+    assert verdict(d, Thresholds()) == ("no_change", [], [])
+    assert verdict(d, Thresholds(), unmatched=["output_tokens_per_s"]) == ("not_comparable", [], [])
+    worse = {"ttft_p99_s": _d([0.2, 0.5], [0.5, 2.0])}
+    assert verdict(worse, Thresholds(), unmatched=["output_tokens_per_s"]) == ("regression", ["ttft_p99_s"], [])
+
+
+def test_a_bucket_held_at_different_load_is_no_same_load():
+    """Within the relative threshold of the larger side's mean requests in the engine."""
+    at = lambda c: Load(concurrency=c, waiting=0.0, preemptions_per_s=0.0)  # noqa: E731
+    assert same_load(at(1.0), at(0.95)) and same_load(at(20.0), at(18.2))
+    assert not same_load(at(1.35), at(0.87)) and not same_load(at(0.86), at(1.06))
 
 
 def test_an_undecided_change_says_how_much_more_traffic_would_settle_it():
