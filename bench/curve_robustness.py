@@ -200,7 +200,9 @@ def change_cells(name: str, meta: dict, source: RecordingSource, scrape_s: float
 def asked_rows(name: str, meta: dict, source: RecordingSource, scrape_s: float, th: Thresholds, side_s: float) -> list:
     """Whether the traffic an abstention asks for decides it: per change, judged over `side_s`
     seconds of each phase next to it; where that is `not_comparable` and says how much more traffic
-    each side needs, judged again with each side widened by that much (within its phase).
+    each side needs, judged again with each side widened by that much (within its phase): the wall
+    time at the side's mix of load where the ask says it (`more_wall_seconds`), else the seconds at
+    the load asked.
     Rows: (recording, scrape, change, truth, first verdict, the ask, verdict given it, the outcome of
     the last verdict). The truth is the whole phases' (`truth_shift`): near the change the load
     differs from the phases' mix, so a real change's engine truth there is approximate."""
@@ -212,7 +214,11 @@ def asked_rows(name: str, meta: dict, source: RecordingSource, scrape_s: float, 
         found, _ = _at_change(source, t0, before, after, cut - side_s, start + side_s)
         first = found.verdict if found else "missed"
         ask = (found.more_traffic or [None])[0] if first == "not_comparable" else None
-        more = [ask[side]["more_seconds"] if ask else None for side in ("before", "after")]
+        # the wall time at the side's mix of load where said, else the seconds at the load asked
+        more = [
+            (ask[side].get("more_wall_seconds") or ask[side]["more_seconds"]) if ask else None
+            for side in ("before", "after")
+        ]
         engine = beyond(*truth_shift(before, after), th)
         if ask is None or None in more:
             outcome = classify(want["verdict"], first, engine)

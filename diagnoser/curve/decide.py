@@ -8,6 +8,12 @@ traffic at that load each side needs to make the bucket comparable: the interval
 the intervals its requests per interval there (or the other side's, where it has none) take to
 reach the requests it lacks, whichever is more. Sorted by the seconds of traffic the bucket
 still needs, fewest first: the load to hold next to decide the change.
+
+The intervals are at that load. On load that moves, most of the next traffic lands at other
+loads, so each side also says the wall time it would take at the mix of load it held so far
+(`more_wall_seconds`: the intervals asked over the side's share of its intervals at that bucket).
+An estimate that holds while the traffic keeps its shape; a side with no interval at the bucket
+has no share, and no wall time is said for it.
 """
 
 from __future__ import annotations
@@ -35,10 +41,22 @@ def _needed(p: Point | None, other: Point | None) -> int | None:
     return max(more, math.ceil((MIN_REQUESTS - reqs) / per))
 
 
-def more_traffic(before: list[Point], after: list[Point], step: float) -> list[dict]:
+def wall_seconds(more: int | None, have: int, total: int | None, step: float) -> float | None:
+    """The seconds of traffic shaped as one side's so far that put `more` intervals at a bucket
+    where it has `have` intervals in a side `total` scrape intervals long (several engines: their
+    intervals over the side's length; None: no share read, or nothing asked)."""
+    if not more or not have or not total:
+        return None
+    return math.ceil(more * total / have) * step
+
+
+def more_traffic(
+    before: list[Point], after: list[Point], step: float, totals: tuple[int, int] | None = None
+) -> list[dict]:
     """Per bucket either side measured, {bucket, concurrency, before, after} with each side's
-    {intervals, requests, more_intervals, more_seconds} (more_* None: not estimable), at most
-    SHOWN, the least traffic first; [] where a bucket is dense on both sides already."""
+    {intervals, requests, more_intervals, more_seconds, more_wall_seconds} (more_* None: not
+    estimable; the wall time from `totals`, each side's length in scrape intervals), at most SHOWN, the
+    least traffic first; [] where a bucket is dense on both sides already."""
     b_by, a_by = {p.bucket: p for p in before}, {p.bucket: p for p in after}
     out: list[tuple[float, dict]] = []
     for bucket in sorted(set(b_by) | set(a_by)):
@@ -46,13 +64,14 @@ def more_traffic(before: list[Point], after: list[Point], step: float) -> list[d
         if b and a and not b.sparse and not a.sparse:
             return []
         sides, seconds = {}, 0.0
-        for name, p, other in (("before", b, a), ("after", a, b)):
-            n = _needed(p, other)
+        for k, (name, p, other) in enumerate((("before", b, a), ("after", a, b))):
+            n, have = _needed(p, other), p.intervals if p else 0
             sides[name] = {
-                "intervals": p.intervals if p else 0,
+                "intervals": have,
                 "requests": p.requests if p else 0.0,
                 "more_intervals": n,
                 "more_seconds": None if n is None else n * step,
+                "more_wall_seconds": wall_seconds(n, have, totals and totals[k], step),
             }
             seconds += math.inf if n is None else n * step
         conc = [p.concurrency for p in (b, a) if p]
@@ -73,7 +92,9 @@ def _factor(point: float | None, iv: list[float] | None, t: float) -> float | No
     return None if room < 0.1 * t else ((iv[1] - iv[0]) / 2 / room) ** 2
 
 
-def more_to_settle(d: dict, th: Thresholds, matched: list[At], step: float) -> list[dict]:
+def more_to_settle(
+    d: dict, th: Thresholds, matched: list[At], step: float, totals: tuple[int, int] | None = None
+) -> list[dict]:
     """Where buckets matched and some metric's interval neither clears the thresholds nor rules
     them out (`compare.undecided`): per matched bucket or pool (`compare.At`; a pool by its outer
     edges), as `more_traffic`, the intervals each side would add, every matched bucket alike, for
@@ -81,7 +102,8 @@ def more_to_settle(d: dict, th: Thresholds, matched: list[At], step: float) -> l
     one over the square root of the intervals (the bootstrap's own rate on a stationary side): for
     each undecided metric, on the scale (absolute or relative) whose interval straddles its
     threshold and needs the least, (h / r)^2 times the intervals (`_factor`); the metric needing
-    the most sets it. An estimate, said as one. [] where none is estimable."""
+    the most sets it, and `totals` (each side's length in scrape intervals) the wall time at each side's
+    mix of load (`wall_seconds`). An estimate, said as one. [] where none is estimable."""
     factor = 0.0
     for m in undecided(d, th):
         x = d[m]
@@ -98,9 +120,10 @@ def more_to_settle(d: dict, th: Thresholds, matched: list[At], step: float) -> l
     out: list[tuple[float, dict]] = []
     for at in matched:
         sides, seconds = {}, 0.0
-        for name, have, reqs in zip(("before", "after"), at.intervals, at.requests, strict=True):
+        for k, (name, have, reqs) in enumerate(zip(("before", "after"), at.intervals, at.requests, strict=True)):
             n = math.ceil(have * (factor - 1.0))
             sides[name] = {"intervals": have, "requests": reqs, "more_intervals": n, "more_seconds": n * step}
+            sides[name]["more_wall_seconds"] = wall_seconds(n, have, totals and totals[k], step)
             seconds += n * step
         out.append((seconds, {"bucket": list(at.bucket), "concurrency": at.concurrency} | sides))
     return [x for _, x in sorted(out, key=lambda t: t[0])][:SHOWN]

@@ -186,9 +186,10 @@ def judge(
                 v, worse, better = by_rate["verdict"], by_rate["worse"], by_rate["better"]
                 d, mix = by_rate["deltas"], by_rate["offered_load"]
         reason = UNREAD_STEP if unread else _reason(v, d, gate, None if setting else step, th, unmatched)
-        more = more_traffic(*sides, iv.step) if not d else None
+        totals = len(np.unique(before.t_end)), len(np.unique(after.t_end))  # each side's length in intervals
+        more = more_traffic(*sides, iv.step, totals) if not d else None
         if reason and reason.startswith(UNDECIDED):
-            more = more_to_settle(d, th, matched, iv.step) or None
+            more = more_to_settle(d, th, matched, iv.step, totals) or None
         split = by_rate["split"] if by_rate else None
         at = [m.concurrency for m in matched]
         out.append(JudgedChange(c, v, d, worse, better, at, mix, reason, step, more, split, *sides))
@@ -604,4 +605,10 @@ def _more_text(more: list[dict] | None) -> str:
     ]
     if not said or any(x[side]["more_intervals"] is None for side in ("before", "after")):
         return ""
-    return f"; to decide it: {' and '.join(said)} at {x['concurrency']:g} requests in the engine"
+    wall = [
+        f"{x[side]['more_wall_seconds']:g} s {side}"
+        for side in ("before", "after")
+        if x[side]["more_intervals"] and x[side].get("more_wall_seconds") is not None
+    ]
+    shaped = f" (at the mix of load each side held so far, about {' and '.join(wall)})" if wall else ""
+    return f"; to decide it: {' and '.join(said)} at {x['concurrency']:g} requests in the engine{shaped}"

@@ -58,8 +58,9 @@ def test_a_bucket_held_at_different_load_is_no_same_load():
 def test_an_undecided_change_says_how_much_more_traffic_would_settle_it():
     """TTFT p99 +0.14 s over [-0.02, +0.30] s and +25 % over [-5 %, +60 %]: both straddle their
     thresholds (0.1 s, 10 %); the relative scale needs less: half-width 32.5 %, 15 % from the
-    threshold, (32.5 / 15)^2 = 4.69 times the intervals, 3.69 more per interval held. With the
-    estimate on both thresholds nothing is estimable."""
+    threshold, (32.5 / 15)^2 = 4.69 times the intervals, 3.69 more per interval held; on the clock,
+    over each side's share of its time at that load. With the estimate on both thresholds nothing
+    is estimable."""
     from kvscope.diagnoser.curve.compare import At
     from kvscope.diagnoser.curve.decide import more_to_settle
 
@@ -68,7 +69,11 @@ def test_an_undecided_change_says_how_much_more_traffic_would_settle_it():
     assert undecided(d, Thresholds()) == ["ttft_p99_s"]
     (more,) = more_to_settle(d, Thresholds(), at, 15.0)
     assert (more["before"]["more_intervals"], more["after"]["more_intervals"]) == (37, 30)
-    assert more["after"]["more_seconds"] == 30 * 15.0
+    assert more["after"]["more_seconds"] == 30 * 15.0 and more["after"]["more_wall_seconds"] is None
+    # each side held the load a quarter (10 of 40 intervals) and half (8 of 16) of its time: on
+    # traffic of that shape the intervals asked take four and two times as long on the clock
+    (more,) = more_to_settle(d, Thresholds(), at, 15.0, totals=(40, 16))
+    assert (more["before"]["more_wall_seconds"], more["after"]["more_wall_seconds"]) == (148 * 15.0, 60 * 15.0)
     d["ttft_p99_s"] |= {"delta": 0.101, "relative": 0.105}
     assert more_to_settle(d, Thresholds(), at, 15.0) == []
 

@@ -106,8 +106,10 @@ def test_not_comparable_says_how_much_more_traffic_at_which_load_would_decide_it
         "requests": 120.0,
         "more_intervals": 2,
         "more_seconds": 30.0,
+        "more_wall_seconds": 30.0,  # every interval of the after side was at that load
     }
     assert "2 more intervals (30 s) after it at 4 requests in the engine" in pc_text(pc)
+    assert "(at the mix of load each side held so far, about 30 s after)" in pc_text(pc)
 
 
 def pc_text(pc) -> str:
