@@ -55,8 +55,8 @@ def more_traffic(
 ) -> list[dict]:
     """Per bucket either side measured, {bucket, concurrency, before, after} with each side's
     {intervals, requests, more_intervals, more_seconds, more_wall_seconds} (more_* None: not
-    estimable; the wall time from `totals`, each side's length in scrape intervals), at most SHOWN, the
-    least traffic first; [] where a bucket is dense on both sides already."""
+    estimable; the wall time from `totals`, each side's length in scrape intervals), at most
+    SHOWN, the least traffic first; [] where a bucket is dense on both sides already."""
     b_by, a_by = {p.bucket: p for p in before}, {p.bucket: p for p in after}
     out: list[tuple[float, dict]] = []
     for bucket in sorted(set(b_by) | set(a_by)):
@@ -102,8 +102,8 @@ def more_to_settle(
     one over the square root of the intervals (the bootstrap's own rate on a stationary side): for
     each undecided metric, on the scale (absolute or relative) whose interval straddles its
     threshold and needs the least, (h / r)^2 times the intervals (`_factor`); the metric needing
-    the most sets it, and `totals` (each side's length in scrape intervals) the wall time at each side's
-    mix of load (`wall_seconds`). An estimate, said as one. [] where none is estimable."""
+    the most sets it, and `totals` (each side's length in scrape intervals) the wall time at each
+    side's mix of load (`wall_seconds`). An estimate, said as one. [] where none is estimable."""
     factor = 0.0
     for m in undecided(d, th):
         x = d[m]
@@ -122,8 +122,13 @@ def more_to_settle(
         sides, seconds = {}, 0.0
         for k, (name, have, reqs) in enumerate(zip(("before", "after"), at.intervals, at.requests, strict=True)):
             n = math.ceil(have * (factor - 1.0))
-            sides[name] = {"intervals": have, "requests": reqs, "more_intervals": n, "more_seconds": n * step}
-            sides[name]["more_wall_seconds"] = wall_seconds(n, have, totals and totals[k], step)
+            sides[name] = {
+                "intervals": have,
+                "requests": reqs,
+                "more_intervals": n,
+                "more_seconds": n * step,
+                "more_wall_seconds": wall_seconds(n, have, totals and totals[k], step),
+            }
             seconds += n * step
         out.append((seconds, {"bucket": list(at.bucket), "concurrency": at.concurrency} | sides))
     return [x for _, x in sorted(out, key=lambda t: t[0])][:SHOWN]
