@@ -22,7 +22,8 @@ shows no knee, and None (with a note) when the lowest measured bucket is saturat
 knee is below the measured range and is never extrapolated. Where the measured buckets place none,
 the signs are read over every bucket, sparse ones too, and the knee is placed where a sign holds at
 every bucket above a load and at none below it, each side holding as many intervals as a point
-(`_held_above`, with a note).
+(`_above`, with a note); where they hold fewer, no knee is placed and a note says where
+saturation shows and how many more intervals, at which load, would place it.
 C_max (§8.3): where TTFT p99 crosses the SLO, interpolated between the last bucket under it and
 the first over it; the usable RPS is the RPS there. The Little's Law gap (§8.3): the ceiling
 C_max / SLO over the usable RPS (under 2 the curve is consistent). Headroom: the window's peak
@@ -32,6 +33,7 @@ concurrency against the knee and C_max.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -139,19 +141,34 @@ def _placements(
     return dense, signs, [_placed_by(s, others) for s in signs]
 
 
-def _held_above(points: list[Point], placed: list[str | None]) -> int | None:
-    """Where no knee is read from the measured buckets: over every bucket, sparse ones too
-    (`placed`: the sign that would place a knee at each), the lowest from which a sign places the
-    knee at every bucket up to the highest, where no bucket below them shows one (a sign at a thin
-    load below says saturation may begin lower) and the buckets above and those below each hold
-    MIN_INTERVALS intervals together (as many as one point needs). Each bucket alone is too thin
-    to read, but saturation shown at every load the window visited above it, and none below, is
-    the knee's region read whole. None otherwise."""
+class Above(NamedTuple):
+    """Over every bucket, sparse ones too: the lowest bucket `at` from which a sign places the knee
+    at every bucket up to the highest, where no bucket below shows one; the sign that places it
+    at `at`; and the intervals the buckets from `at` up and those below it hold together."""
+
+    at: int
+    sign: str
+    above: int
+    below: int
+
+    @property
+    def held(self) -> bool:
+        """Both sides hold MIN_INTERVALS intervals together, as many as one point needs."""
+        return min(self.above, self.below) >= MIN_INTERVALS
+
+
+def _above(points: list[Point], placed: list[str | None]) -> Above | None:
+    """Where no knee is read from the measured buckets (`placed`: the sign that would place a knee
+    at each bucket, sparse ones too): the region where saturation shows at every load the window
+    visited above a bucket and at none below (a sign at a thin load below says saturation may begin
+    lower: None). Each bucket alone is too thin to read, but where both sides hold as many
+    intervals as a point (`Above.held`), that is the knee's region read whole."""
     at = len(placed)
     while at and placed[at - 1]:
         at -= 1
-    held = min(sum(pt.intervals for pt in side) for side in (points[:at], points[at:])) >= MIN_INTERVALS
-    return at if 0 < at < len(placed) and held and not any(placed[:at]) else None
+    if not 0 < at < len(placed) or any(placed[:at]):
+        return None
+    return Above(at, placed[at] or "", sum(pt.intervals for pt in points[at:]), sum(pt.intervals for pt in points[:at]))
 
 
 def _first_placed(placed: list[str | None]) -> int | None:
@@ -170,24 +187,35 @@ Found = tuple[Point, set[str], str, Point | None]
 each too thin alone the unsaturated bucket below it (else None)."""
 
 
-def _knee(
-    points: list[Point], p: KneeParams, running_max: float | None
-) -> tuple[Found | None, bool, tuple[float, float, int] | None]:
-    """(the knee or None; whether the lowest measured bucket is saturated already, the knee below
-    the measured range; where the measured buckets place a knee above load the window held as long
-    as a point needs (MIN_INTERVALS) but spread over buckets each too thin to read, (the last
-    unsaturated measured concurrency, the first saturated one, the intervals between), else None:
-    saturation may begin anywhere there, and the knee is read over every bucket instead)."""
+class Read(NamedTuple):
+    """What the knee's search found: the knee or None; whether the lowest measured bucket is
+    saturated already (the knee below the measured range); where the measured buckets place a knee
+    above load the window held as long as a point needs but spread over buckets each too thin to
+    read, (the last unsaturated measured concurrency, the first saturated one, the intervals
+    between), else None; and where the knee was sought over every bucket, what it found there
+    (`_above`; a knee only where `held`)."""
+
+    found: Found | None
+    below_range: bool = False
+    between: tuple[float, float, int] | None = None
+    above: Above | None = None
+
+
+def _knee(points: list[Point], p: KneeParams, running_max: float | None) -> Read:
+    """The knee from the measured buckets, else read over every bucket (`Read`)."""
     dense, signs, placed = _placements(points, p, running_max)
     at = _first_placed(placed)
     if at == 0:
-        return None, True, None
+        return Read(None, below_range=True)
     between = None if at is None else _thin_between(points, dense, at)
     if at is not None and between is None:
-        return (dense[at], signs[at], placed[at] or "", None), False, None
+        return Read((dense[at], signs[at], placed[at] or "", None))
     _, signs, placed = _placements(points, p, running_max, thin=True)
-    at = _held_above(points, placed)
-    return (None if at is None else (points[at], signs[at], placed[at] or "", points[at - 1])), False, between
+    above = _above(points, placed)
+    if above is None or not above.held:
+        return Read(None, between=between, above=above)
+    i = above.at
+    return Read((points[i], signs[i], placed[i] or "", points[i - 1]), between=between, above=above)
 
 
 def knee(
@@ -197,9 +225,9 @@ def knee(
     when the data shows none; `running_max`: the most requests the window saw running (None: the
     running_pinned sign is not read). A knee at the lowest measured bucket is below the measured
     range: (None, [], None). Where the measured buckets place none, or one above load the window
-    visited too thinly to read, the knee is read over every bucket (`_held_above`), else
+    visited too thinly to read, the knee is read over every bucket (`_above`), else
     (None, [], None)."""
-    return _knee_tuple(_knee(points, p, running_max)[0])
+    return _knee_tuple(_knee(points, p, running_max).found)
 
 
 def _knee_tuple(found: Found | None) -> tuple[float | None, list[str], str | None]:
@@ -259,7 +287,7 @@ def operating_point(
 ) -> Operating:
     """Knee, C_max, usable RPS, Little's Law gap and headroom of one pool's points; `running_max`:
     the most requests the window saw running (the running_pinned sign's cap; None: not read)."""
-    found, below_range, between = _knee(points, p, running_max)
+    found, below_range, between, above = _knee(points, p, running_max)
     k, signs, placing = _knee_tuple(found)
     c, rps, note = c_max(points, slo_s, objectives)
     gap = (c / slo_s) / rps if c is not None and rps else None
@@ -280,6 +308,8 @@ def operating_point(
             f"the {n} intervals between are spread over buckets too thin to read, and more traffic at that load "
             "would place it"
         )
+    elif above is not None:
+        notes.append(_unplaced(points, above))
     elif k is None and len([pt for pt in points if not pt.sparse]) >= 3:
         notes.append(
             "no knee in the measured range: the running batch is not pinned at its cap with requests waiting, "
@@ -289,6 +319,22 @@ def operating_point(
         notes.append(f"Little's Law gap {gap:.1f}x > 2: the traffic's latency is far from the SLO at C_max")
     ratio = lambda x: None if x is None or not peak else round(float(x) / peak, 3)  # noqa: E731
     return Operating(k, signs, c, note, rps, gap, peak, ratio(k), ratio(c), notes, placing, running_max)
+
+
+def _unplaced(points: list[Point], a: Above) -> str:
+    """Why no knee is placed where saturation shows at every load from a bucket up but either side
+    holds fewer intervals than a point needs, and how many more, at which load, would place it."""
+    at, below = points[a.at].concurrency, points[a.at - 1].concurrency
+    more = [
+        f"{MIN_INTERVALS - n} more interval{'s' * (MIN_INTERVALS - n > 1)} {where}"
+        for n, where in ((a.above, f"at {at:.3g} or more in the engine"), (a.below, f"under {at:.3g}"))
+        if n < MIN_INTERVALS
+    ]
+    return (
+        f"no knee placed: a sign of saturation ({a.sign}) holds at every load from {at:.3g} in the engine up, not at "
+        f"{below:.3g}, but the window held {a.above} intervals from {at:.3g} up and {a.below} under it, fewer than "
+        f"the {MIN_INTERVALS} a side needs; {' and '.join(more)} would place it, if the signs hold there"
+    )
 
 
 def peak_concurrency(conc: np.ndarray) -> float | None:

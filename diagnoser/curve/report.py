@@ -25,7 +25,7 @@ from kvscope.diagnoser.curve.compare import (
 from kvscope.diagnoser.curve.decide import more_to_settle, more_traffic
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, Intervals, pool_intervals
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point, peak_concurrency
-from kvscope.diagnoser.curve.points import Point, coarse_share, curve_points, placed
+from kvscope.diagnoser.curve.points import MIN_INTERVALS, Point, coarse_share, curve_points, placed
 from kvscope.diagnoser.curve.window import CONCURRENCY_SIGNAL, curve_step, read_window
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, EngineChange, Evidence, Finding, LeverAdvice
@@ -86,7 +86,8 @@ class JudgedChange:
     """The token mix each side's requests carried at the matched buckets (compare.MIX)."""
     reason: str | None = None
     """Why no verdict was given where buckets matched (the sides carried different workloads, or
-    the engine's step time moved and the verdict does not hold with it divided out)."""
+    the engine's step time moved and the verdict does not hold with it divided out), or where
+    neither side placed a point on the curve."""
     step_time: dict | None = None
     """The engine's step time (mean ITL) at the matched buckets before and after, and every metric's
     delta with its ratio divided out (`scaled`); None where the engines export no ITL."""
@@ -190,6 +191,8 @@ def judge(
         more = more_traffic(*sides, iv.step, totals) if not d else None
         if reason and reason.startswith(UNDECIDED):
             more = more_to_settle(d, th, matched, iv.step, totals) or None
+        if v == "not_comparable" and not (sides[0] or sides[1]):  # no bucket to ask for: say what each held
+            reason = _nothing_placed(totals, settle_s, iv.step)
         split = by_rate["split"] if by_rate else None
         at = [m.concurrency for m in matched]
         out.append(JudgedChange(c, v, d, worse, better, at, mix, reason, step, more, split, *sides))
@@ -249,6 +252,19 @@ def _reason(
             "them; more traffic at the matched load would decide it"
         )
     return None
+
+
+def _nothing_placed(totals: tuple[int, int], settle_s: float, step: float) -> str:
+    """Why a change had nothing to compare: neither side's intervals (`totals`, each side's length
+    in scrape intervals) place a point on the curve; and the least traffic that could compare them
+    (a bucket needs MIN_INTERVALS intervals on each side)."""
+    held = [f"{n} scrape interval{'s' * (n != 1)}" + " (none placed on the curve)" * bool(n) for n in totals]
+    settled = f", past the first {settle_s:g} s left out while the engine settles" if settle_s else ""
+    return (
+        f"nothing to compare: the window holds {held[0]} before the change and {held[1]} after it{settled}; "
+        f"comparing them takes at least {MIN_INTERVALS} intervals ({MIN_INTERVALS * step:g} s) on each side at a "
+        "load both share"
+    )
 
 
 def _rel(d: dict) -> tuple[float, float]:

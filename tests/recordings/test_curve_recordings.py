@@ -7,6 +7,7 @@ and the load driver's client-side TTFT. Expected verdicts were written into each
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from kvscope.diagnoser.curve.points import quantile_ci
 from kvscope.diagnoser.curve.report import pool_curves
 from kvscope.diagnoser.curve.window import read_window
 from kvscope.diagnoser.sources.recording import RecordingSource
+from testbed.curve_record import saturation_level
 
 HERE = Path(__file__).resolve().parent
 STAIRS = "curve-vllm-staircase"
@@ -194,7 +196,6 @@ def test_the_knee_of_a_max_num_seqs_16_engine_is_within_one_level_of_saturation(
     means of the levels before and after it, placed by a sign the engine exports; the gauges alone
     (every interval's concurrency from samples) would not place short requests on the curve."""
     from kvscope.diagnoser.curve.operating import PLACING
-    from testbed.curve_record import saturation_level
 
     levels = _meta(CAPPED)["phases"]
     sat = saturation_level(levels)
@@ -203,3 +204,28 @@ def test_the_knee_of_a_max_num_seqs_16_engine_is_within_one_level_of_saturation(
     op = pc.operating
     below, above = levels[sat - 1]["engine_in_flight_mean"], levels[sat + 1]["engine_in_flight_mean"]
     assert op.knee_sign in PLACING and below <= op.knee_concurrency <= above, (op, levels[sat]["name"])
+
+
+@pytest.mark.parametrize("scrape_s", [15.0, 30.0])
+def test_the_capped_engine_scraped_slowly_places_no_knee_and_says_where_saturation_shows(tmp_path, scrape_s):
+    """The same staircase resampled to 15 and 30 s scrapes (issue 55): a 20 s level holds one
+    interval or less, and the loads that show saturation hold fewer intervals together than a point
+    needs (4 at 15 s, 2 at 30 s). No knee is placed (never one read from so little), and the note
+    says from which load saturation shows, within a level of the truth's saturation point, and how
+    many more intervals at that load would place it."""
+    from testbed.recording_variants import read_variant_source, resample, write_recording
+
+    levels = _meta(CAPPED)["phases"]
+    sat = saturation_level(levels)
+    out = write_recording(
+        resample(scrape_s, snap=True)(read_variant_source(HERE / f"{CAPPED}.om.gz"), {}), tmp_path / "slow.om"
+    )
+    source = RecordingSource(out)
+    (pc,) = pool_curves(read_window(source, None, None, source.natural_step()))
+    op = pc.operating
+    assert op.knee_concurrency is None
+    (note,) = [n for n in op.notes if n.startswith("no knee placed")]
+    at = float(re.search(r"holds at every load from ([\d.]+) in the engine up", note).group(1))
+    below, above = levels[sat - 1]["engine_in_flight_mean"], levels[sat + 1]["engine_in_flight_mean"]
+    assert below <= at <= above, note
+    assert re.search(rf"\d+ more intervals? at {at:g} or more in the engine", note), note

@@ -14,7 +14,14 @@ from kvscope.core.signals import make_labels
 from kvscope.diagnoser.curve.intervals import pool_intervals
 from kvscope.diagnoser.curve.operating import PLACING, knee, operating_point
 from kvscope.diagnoser.curve.points import curve_points
-from kvscope.diagnoser.curve.report import knee_text, pool_curves, regression_findings, render_text, to_json
+from kvscope.diagnoser.curve.report import (
+    changes_text,
+    knee_text,
+    pool_curves,
+    regression_findings,
+    render_text,
+    to_json,
+)
 from kvscope.diagnoser.evaluate.frame import Block, Frame
 
 LES = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, math.inf]
@@ -147,14 +154,20 @@ def test_no_knee_where_thin_buckets_disagree():
 def test_no_knee_read_over_thin_buckets_without_enough_below():
     """The same saturated thin buckets, but the load under them held for 2 intervals only (the
     lowest buckets dropped, 3 left thin): no unsaturated side read as long as a point needs, so
-    where saturation begins is not known and no knee is placed."""
+    where saturation begins is not known and no knee is placed. The note says from which load
+    saturation shows and how many more intervals under it would place the knee (3: a side needs 5)."""
     conc = [1.0] * 8 + [2.0] * 8 + [3.0] * 8 + [4.2, 6.0, 8.5] * 3 + [12.0] * 8 + [16.0] * 8
     (pc,) = pool_curves(synth(conc), slo_s=1.0)
     short = [
         replace(p, intervals=1, sparse=True) if p.concurrency < 3.5 else p for p in pc.points if p.concurrency > 2.5
     ]
     assert sum(p.intervals for p in short if p.concurrency < 5) == 2
-    assert operating_point(short, peak=16.0, slo_s=1.0).knee_concurrency is None
+    op = operating_point(short, peak=16.0, slo_s=1.0)
+    assert op.knee_concurrency is None
+    (note,) = [n for n in op.notes if n.startswith("no knee placed")]
+    assert "holds at every load from 5.1 in the engine up, not at 3.6" in note, note
+    assert note.endswith("3 more intervals under 5.1 would place it, if the signs hold there"), note
+    assert knee_text(op) == "Knee: none in the measured range (see the notes)."
 
 
 def test_counter_reset_inside_a_bucket():
@@ -216,6 +229,25 @@ def test_config_change_regression_improvement_no_change_not_comparable():
     moved = _two_phases(hump, 200.0, conc_after=[40.0] * 20)  # after: a load never seen before
     (pc,) = pool_curves(moved, settle_s=0.0)
     assert pc.changes[0].verdict == "not_comparable"
+
+
+def test_a_change_with_nothing_to_compare_says_why():
+    """An idle engine restarted with half its KV cache, its busy after-side all within the settle
+    time: neither side places a point on the curve, so no bucket can be asked for; the verdict is
+    not_comparable and the reason says what each side held (before: a bare not_comparable)."""
+    half = 8
+    frame = synth([0.0] * half + [4.0] * half, resets=(half,), kv_cap=[1000.0] * half + [500.0] * half)
+    (pc,) = pool_curves(frame, settle_s=300.0)
+    (j,) = pc.changes
+    assert j.verdict == "not_comparable" and not j.more_traffic
+    assert j.reason == (
+        "nothing to compare: the window holds 7 scrape intervals (none placed on the curve) before the change and "
+        "0 scrape intervals after it, past the first 300 s left out while the engine settles; comparing them "
+        "takes at least 5 intervals (75 s) on each side at a load both share"
+    )
+    assert changes_text(pc)[0].endswith(f"not_comparable ({j.reason})")
+    (pc,) = pool_curves(frame, settle_s=0.0)  # the after side read: the load to add before it is asked
+    assert pc.changes[0].reason is None and pc.changes[0].more_traffic[0]["before"]["more_intervals"] == 5
 
 
 def test_json_shape():
