@@ -19,6 +19,7 @@ exits without waiting for a lookup.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import socket
 import threading
@@ -141,32 +142,33 @@ class Connector(aiohttp.TCPConnector):
         super().__init__(resolver=self.lookups, **options)
 
 
-def daemon_call(fn: Callable[..., T], *args: Any, name: str) -> asyncio.Future[T]:
-    """fn(*args) on a daemon thread of its own, as a future of the running loop. Unlike
-    asyncio.to_thread it takes no thread of the loop's executor, so nothing else waits behind a call
-    that hangs (in getaddrinfo, say), and neither the loop's shutdown nor the process's exit waits for
-    it; cancelling the future leaves the call to end by itself."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[T] = loop.create_future()
-
-    def settle(ok: bool, value: Any) -> None:
-        if not done.done():  # cancelled by a caller that gave up
-            if ok:
-                done.set_result(value)
-            else:
-                done.set_exception(value)
+def in_daemon(fn: Callable[..., T], *args: Any, name: str) -> concurrent.futures.Future[T]:
+    """fn(*args) on a daemon thread of its own, as a concurrent future (the caller outside an event
+    loop waits on it; `daemon_call` for a caller inside one). The process's exit does not wait for
+    it, and cancelling the future leaves the call to run and end by itself (a lookup's `finally`
+    still gives its slot back)."""
+    done: concurrent.futures.Future[T] = concurrent.futures.Future()
 
     def main() -> None:
-        value: Any
         try:
-            value, ok = fn(*args), True
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
-            value, ok = exc, False
-        with contextlib.suppress(RuntimeError):  # the loop closed while the call ran
-            loop.call_soon_threadsafe(settle, ok, value)
+            value = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
+                done.set_exception(exc)
+        else:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                done.set_result(value)
 
     threading.Thread(target=main, name=name, daemon=True).start()
     return done
+
+
+def daemon_call(fn: Callable[..., T], *args: Any, name: str) -> asyncio.Future[T]:
+    """`in_daemon` as a future of the running loop. Unlike asyncio.to_thread it takes no thread of
+    the loop's executor, so nothing else waits behind a call that hangs (in getaddrinfo, say), and
+    neither the loop's shutdown nor the process's exit waits for it (a loop closed while the call
+    runs is not told)."""
+    return asyncio.wrap_future(in_daemon(fn, *args, name=name), loop=asyncio.get_running_loop())
 
 
 def dns_unanswered(session: aiohttp.ClientSession, host: str | None) -> bool:

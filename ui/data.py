@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping
@@ -23,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from kvscope.core.objectives import ObjectiveSet
+from kvscope.core.resolve import in_daemon
 from kvscope.core.signals import Labels, load_catalog
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding, same_place
@@ -141,16 +141,7 @@ def start_preload(source: SourceSpec | None) -> None:
     first view takes only while it is younger than LIVE_TTL_S (`take_preloaded`)."""
     if source is None or _key(source) in _PRELOADED:
         return
-    future: Future = Future()
-
-    def work() -> None:
-        try:
-            future.set_result(load_triage(source))
-        except BaseException as exc:  # noqa: BLE001 - handed to the page that asks, as load_triage would raise it
-            future.set_exception(exc)
-
-    _PRELOADED[_key(source)] = (time.time(), future)
-    threading.Thread(target=work, name="kvscope-preload", daemon=True).start()
+    _PRELOADED[_key(source)] = (time.time(), in_daemon(load_triage, source, name="kvscope-preload"))
 
 
 def _key(source: SourceSpec) -> SourceSpec:

@@ -167,3 +167,35 @@ def test_the_taps_upstream_by_name_that_never_resolves_ends_at_its_connect_timeo
     assert threads <= resolve.MAX_LOOKUPS, threads
     assert ran == 42
     assert connected
+
+
+def test_a_daemon_call_given_up_on_still_runs_to_its_end():
+    """A caller that gives up (its read's deadline) cancels the future, not the call: the call runs
+    to its end on its own thread, so what its `finally` does (a lookup gives its slot back) is
+    never skipped, even when the caller gives up before the thread has started; its result is
+    dropped without an error. A call that raises hands the error to the caller."""
+    release, ran = threading.Event(), []
+
+    def slow() -> str:
+        try:
+            release.wait(HANG_GUARD_S)
+            return "late"
+        finally:
+            ran.append("finally")
+
+    async def main() -> None:
+        call = resolve.daemon_call(slow, name="kvscope-test")
+        call.cancel()  # at once: the thread may not have started yet
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        with pytest.raises(ZeroDivisionError):
+            await resolve.daemon_call(lambda: 1 / 0, name="kvscope-test")
+
+    asyncio.run(main())
+    for t in threading.enumerate():
+        if t.name == "kvscope-test":
+            t.join(HANG_GUARD_S)
+    assert ran == ["finally"]
+    plain = resolve.in_daemon(slow, name="kvscope-test")
+    assert plain.result(HANG_GUARD_S) == "late"
