@@ -191,7 +191,7 @@ def judge(
         more = more_traffic(*sides, iv.step, totals) if not d else None
         if reason and reason.startswith(UNDECIDED):
             more = more_to_settle(d, th, matched, iv.step, totals) or None
-        if v == "not_comparable" and not (sides[0] or sides[1]):  # no bucket to ask for: say what each held
+        if v == "not_comparable" and not (reason or by_rate or sides[0] or sides[1]):  # no bucket to ask for
             reason = _nothing_placed(totals, settle_s, iv.step)
         split = by_rate["split"] if by_rate else None
         at = [m.concurrency for m in matched]
