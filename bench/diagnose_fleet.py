@@ -67,10 +67,13 @@ STEP = 15.0
 GOALS = {(1000, 6.0): (5.0, 0.5)}
 VM_SHIFT_S = -120 * 86400.0
 """VictoriaMetrics refuses samples far in the future: its copy of the fleet is 120 days earlier."""
-CANDIDATES = ROOT / "rules" / "prometheus" / "kvscope-candidates.yml"
+TREE = Path(os.environ.get("KVSCOPE_BENCH_TREE") or ROOT)
+"""The checkout whose kvscope is timed: its .venv's commands, its UI and its rule files (another
+commit's under bench/against.py). The data, the harness and the baselines are this checkout's."""
+CANDIDATES = TREE / "rules" / "prometheus" / "kvscope-candidates.yml"
 FLEETGEN = ROOT / "testbed" / "fleetgen"
 VM_FLAGS = ("-search.maxQueryDuration=30m", "-search.maxQueryLen=131072")
-KVSCOPE = str(ROOT / ".venv" / "bin" / "kvscope")
+KVSCOPE = str(TREE / ".venv" / "bin" / "kvscope")
 OLD_MAX_RESPONSE = 256 * 1024 * 1024
 """The old client refused answers over this size ("narrow the window or raise --step")."""
 
@@ -532,7 +535,7 @@ def main() -> None:
     for binary in ("victoria-metrics", "prometheus", "promtool", "vmalert", "/usr/bin/time"):
         if shutil.which(binary) is None:
             sys.exit(f"{binary} not installed (scripts/setup.sh)")
-    print(f"load average {load():.1f} on {os.cpu_count()} cores; kvscope from {ROOT}", flush=True)
+    print(f"load average {load():.1f} on {os.cpu_count()} cores; kvscope from {TREE}", flush=True)
     for n in filter(None, args.tsdb_cost.split(",")):
         tsdb_cost(int(n))
     rows: list[dict] = []

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from diagnose_fleet import (  # noqa: E402
     KVSCOPE,
+    TREE,
     VM_FLAGS,
     VM_SHIFT_S,
     baseline_fetch,
@@ -50,6 +51,14 @@ GOAL_S = 6.0  # issue 37: the triage page at 1000 engines x 6 h rendered in head
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 LIMIT_MS = 600_000
+
+
+class TreeUi(UiServer):
+    """The UI as diagnose_fleet.TREE's checkout serves it: its interpreter, its app."""
+
+    def command(self) -> list[str]:
+        argv = super().command()
+        return [str(TREE / ".venv" / "bin" / "python"), *argv[1:4], str(TREE / "ui" / "app.py"), *argv[5:]]
 
 
 def time_view(browser, url: str) -> tuple[float, str]:
@@ -93,7 +102,7 @@ def main() -> None:
             reset_cache(vm.url)
             l1 = load()
             launched = time.perf_counter()
-            ui = UiServer(source, free_port(), log_path=log).start()
+            ui = TreeUi(source, free_port(), log_path=log).start()
             try:
                 ui.wait_healthy(90)
                 healthy = time.perf_counter() - launched

@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from curve_fleet import instance as engine_instance  # noqa: E402
-from diagnose_fleet import CANDIDATES, KVSCOPE, STEP, VM_FLAGS, WARMUP_S, baseline_fetch, load, run_child  # noqa: E402
+from diagnose_fleet import CANDIDATES, KVSCOPE, STEP, TREE, VM_FLAGS, WARMUP_S, baseline_fetch, load, run_child  # noqa: E402
 
 from kvscope.diagnoser.curve.report import pool_curves  # noqa: E402
 from kvscope.diagnoser.curve.window import read_window  # noqa: E402
@@ -62,7 +62,7 @@ from testbed.fleetgen.capture_fleet import import_capture_fleet  # noqa: E402
 from testbed.procs import LoggedProcess, free_port, stop_process, wait_http  # noqa: E402
 from testbed.victoria import replay_in_order, replay_rules, reset_cache, running_victoria  # noqa: E402
 
-CURVE = ROOT / "rules" / "prometheus" / "kvscope-curve.yml"
+CURVE = TREE / "rules" / "prometheus" / "kvscope-curve.yml"
 GOAL_S = 2.0  # issue 37: one alert at 1000 engines (1 h window) from POST to a stored diagnosis
 LIVE_LAG_S = 30.0
 """The records' newest evaluation is at most this long before the present when a timed step
