@@ -313,9 +313,11 @@ def bench(
     shift_s: float,
     fresh: Callable[[], None],
     repeat: int = 1,
+    raw: bool = True,
 ) -> dict:
-    """One TSDB and size: the fleet path (`repeat` times, the median run kept), the baseline, and
-    with `compare` the full fetch. `fresh()` runs before each timed command (empties a cache)."""
+    """One TSDB and size: the fleet path (`repeat` times, the median run kept), with `raw` the
+    baseline, and with `compare` the full fetch. `fresh()` runs before each timed command (empties
+    a cache)."""
     _, start, end = span(hours, shift_s)
     argv = [KVSCOPE, "diagnose", "--prometheus", url, "--start", f"{start:.0f}", "--end", f"{end:.0f}", "--json"]
     row: dict = {"tsdb": tsdb, "engines": engines, "hours": hours, "load_before": load()}
@@ -343,9 +345,10 @@ def bench(
     if pushed is None:
         print("    | " + "\n    | ".join(got["err"].strip().splitlines()[-6:]))
     row["load_after"] = load()
-    print(f"  {tsdb} {size_name(engines, hours)}: baseline raw fetch (load {load():.1f}) ...", flush=True)
-    fresh()
-    row.update(baseline_fetch(url, start, end, engines))
+    if raw:
+        print(f"  {tsdb} {size_name(engines, hours)}: baseline raw fetch (load {load():.1f}) ...", flush=True)
+        fresh()
+        row.update(baseline_fetch(url, start, end, engines))
     if compare:
         print(
             f"  {tsdb} {size_name(engines, hours)}: kvscope diagnose --full-fetch (load {load():.1f}) ...", flush=True
@@ -373,7 +376,6 @@ BATCHED_NOTE = ", in batches of 25 engines: the one answer was over the old 256 
 
 def show(row: dict) -> str:
     name = size_name(row["engines"], row["hours"])
-    ratio = row["baseline_s"] / row["wall_s"] if row["wall_s"] else float("nan")
     walls = row.get("walls") or [row["wall_s"]]
     spread = (
         f" (median of {len(walls)}: {min(walls):.2f}-{max(walls):.2f} s, same diagnosis each run: "
@@ -389,11 +391,14 @@ def show(row: dict) -> str:
         f"candidates {row.get('candidates_s', float('nan')):.1f} s, "
         f"evidence {row.get('evidence_s', float('nan')):.1f} s "
         f"({row.get('evidence_points', 0):,} points), {row.get('queries', 0)} queries {row.get('mb', 0):.1f} MB; "
-        f"TSDB peak RSS {row['tsdb_rss_gb']:.2f} GB | baseline raw fetch {row['baseline_s']:.2f} s "
-        f"({row['baseline_points']:,} points, {row['baseline_mb']:.0f} MB"
-        f"{BATCHED_NOTE if row['baseline_batched'] else ''}"
-        f"): baseline/fleet {ratio:.1f}x"
+        f"TSDB peak RSS {row['tsdb_rss_gb']:.2f} GB"
     )
+    if "baseline_s" in row:
+        line += (
+            f" | baseline raw fetch {row['baseline_s']:.2f} s ({row['baseline_points']:,} points, "
+            f"{row['baseline_mb']:.0f} MB{BATCHED_NOTE if row['baseline_batched'] else ''}): "
+            f"baseline/fleet {row['baseline_s'] / row['wall_s'] if row['wall_s'] else float('nan'):.1f}x"
+        )
     if "full_wall_s" in row:
         if row.get("full_error"):
             line += f" | full fetch exit {row['full_exit']}: {row['full_error']}"
@@ -530,6 +535,7 @@ def main() -> None:
         "(default), or off (-search.disableCache)",
     )
     ap.add_argument("--repeat", type=int, default=1, help="time the fleet path this many times, report the median")
+    ap.add_argument("--no-raw", action="store_true", help="skip the raw-fetch baseline")
     args = ap.parse_args()
     cache = args.vm_cache == "on"
     for binary in ("victoria-metrics", "prometheus", "promtool", "vmalert", "/usr/bin/time"):
@@ -544,7 +550,20 @@ def main() -> None:
         tsdb = "victoria-metrics" + ("" if cache else " nocache")
         with running_victoria(data, *VM_FLAGS, log_path=data.parent / "vm.log", cache=cache) as vm:
             fresh = (lambda url=vm.url: reset_cache(url)) if cache else (lambda: None)
-            rows.append(bench(tsdb, engines, hours, vm.url, vm.proc.pid, args.compare, VM_SHIFT_S, fresh, args.repeat))
+            rows.append(
+                bench(
+                    tsdb,
+                    engines,
+                    hours,
+                    vm.url,
+                    vm.proc.pid,
+                    args.compare,
+                    VM_SHIFT_S,
+                    fresh,
+                    args.repeat,
+                    not args.no_raw,
+                )
+            )
         print(show(rows[-1]), flush=True)
     for engines, hours in parse_sizes(args.prometheus):
         data = prom_dataset(engines, hours)
@@ -557,7 +576,16 @@ def main() -> None:
         ) as prom:
             rows.append(
                 bench(
-                    "prometheus", engines, hours, prom.url, prom.proc.pid, args.compare, 0.0, lambda: None, args.repeat
+                    "prometheus",
+                    engines,
+                    hours,
+                    prom.url,
+                    prom.proc.pid,
+                    args.compare,
+                    0.0,
+                    lambda: None,
+                    args.repeat,
+                    not args.no_raw,
                 )
             )
         print(show(rows[-1]), flush=True)
