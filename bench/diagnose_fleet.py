@@ -198,7 +198,7 @@ def run_child(argv: list[str], limit_s: float | None = None) -> dict:
     """Wall, peak RSS, CPU seconds, exit status, stdout and stderr of one command. Run under GNU
     time: a child forked from this process would count this process's memory in its peak RSS. A
     command still running after `limit_s` is killed and reads as exit "timeout", wall inf."""
-    stats = CACHE / "time.txt"
+    stats = CACHE / f"time-{os.getpid()}.txt"  # one file per bench process: two may run at once
     stats.parent.mkdir(parents=True, exist_ok=True)  # webhook_fleet's first use on a fresh machine
     stats.unlink(missing_ok=True)
     t0 = time.perf_counter()
@@ -213,6 +213,7 @@ def run_child(argv: list[str], limit_s: float | None = None) -> dict:
         return {"wall_s": math.inf, "rss_gb": math.nan, "cpu_s": math.nan, "exit": "timeout", "out": "", "err": ""}
     wall = time.perf_counter() - t0
     fields = stats.read_text().split()[-4:]
+    stats.unlink()
     return {
         "wall_s": wall,
         "rss_gb": int(fields[0]) / 1e6,
