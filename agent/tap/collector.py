@@ -8,34 +8,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
-from kvscope.agent.config import ConfigError, register_section
+from kvscope.agent.config import (
+    ConfigError,
+    count_key,
+    duration_key,
+    key_value,
+    register_section,
+    section_values,
+    switch_key,
+)
 from kvscope.agent.tap.proxy import RequestTap, TapConfig
 from kvscope.agent.traces.export import SpanBatchExporter
-from kvscope.core.scalars import parse_bool, parse_duration
 
-_LIMITS = ("header_timeout_s", "request_timeout_s", "idle_timeout_s")
 _CLOSED = {  # tap.stats key -> reason of kvscope_connections_closed_total (the config key that closed it)
     "connections_refused": "max_connections",
     "client_timeout_head": "header_timeout",
     "client_timeout_body": "request_timeout",
     "client_timeout_idle": "idle_timeout",
 }
-_READ: dict[str, Callable[[Any], Any]] = {  # key -> how its value is read; absent: TapConfig's default
-    "listen": str,
-    "max_tenants": int,
-    "max_adapters": int,
-    "inject_usage": parse_bool,
-    "block_chars": int,
-    "max_connections": int,
-    **dict.fromkeys(("prefix_window_s", *_LIMITS), partial(parse_duration, loose=True)),
-}
-_KEYS = {*_READ, "upstreams", "tenant_header", "otlp_endpoint", "fairness_window_s"}
+KEYS = (  # what each key means: docs/requests.md (the tap in the agent)
+    count_key("tap.max_tenants", TapConfig.max_tenants, 1, 10_000),
+    count_key("tap.max_adapters", TapConfig.max_adapters, 1, 10_000),
+    switch_key("tap.inject_usage", TapConfig.inject_usage),
+    count_key("tap.block_chars", TapConfig.block_chars, 1, 1 << 20),
+    count_key("tap.max_connections", TapConfig.max_connections, 1, 1_000_000),
+    duration_key("tap.prefix_window_s", TapConfig.prefix_window_s, "1s", "1d"),
+    duration_key("tap.header_timeout_s", TapConfig.header_timeout_s, "100ms", "1h"),
+    duration_key("tap.request_timeout_s", TapConfig.request_timeout_s, "100ms", "1h"),
+    duration_key("tap.idle_timeout_s", TapConfig.idle_timeout_s, "100ms", "1d"),
+)
+FAIRNESS_WINDOW = duration_key("tap.fairness_window_s", 300.0, "1s", "1d")
+_KEYS = {*(k.name for k in KEYS), "listen", "upstreams", "tenant_header", "otlp_endpoint", FAIRNESS_WINDOW.name}
 
 
 def parse_tap_config(raw: Any) -> dict[str, Any]:
@@ -49,14 +56,12 @@ def parse_tap_config(raw: Any) -> dict[str, Any]:
         ups = [ups]
     if not ups or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in ups):
         raise ConfigError("tap.upstreams: needs one or more http(s):// base URLs")
-    try:
-        cfg = TapConfig(
-            upstreams=tuple(ups),
-            tenant_header=raw.get("tenant_header", "X-Tenant") or None,
-            **{k: read(raw[k]) for k, read in _READ.items() if k in raw},
-        )
-    except ValueError as e:
-        raise ConfigError(f"tap: {e}") from e
+    cfg = TapConfig(
+        upstreams=tuple(ups),
+        listen=str(raw.get("listen", TapConfig.listen)),
+        tenant_header=raw.get("tenant_header", "X-Tenant") or None,
+        **section_values(raw, KEYS),
+    )
     try:
         cfg.host_port()
     except ValueError as e:
@@ -64,7 +69,7 @@ def parse_tap_config(raw: Any) -> dict[str, Any]:
     return {
         "tap": cfg,
         "otlp_endpoint": raw.get("otlp_endpoint"),
-        "fairness_window_s": parse_duration(raw.get("fairness_window_s", 300), loose=True),
+        "fairness_window_s": key_value(FAIRNESS_WINDOW, raw.get(FAIRNESS_WINDOW.name, FAIRNESS_WINDOW.default)),
     }
 
 
