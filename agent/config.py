@@ -76,9 +76,17 @@ def parse_count(value: Any) -> int:
 
 
 def split_host_port(address: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port` -> (host, port); no host is 127.0.0.1. Raises ValueError."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    """A listen address, `host:port` or `[v6]:port` -> (host, port): the host an IP address or a
+    name, none for 127.0.0.1; the port 0-65535 (0 picks a free one). Raises ValueError."""
+    host, sep, port = address.rpartition(":")
+    name = host.strip("[]")
+    try:
+        host_ok = not name or ipaddress.ip_address(name) is not None
+    except ValueError:
+        host_ok = re.fullmatch(r"[A-Za-z0-9.-]+", host) is not None
+    if not (sep and host_ok and re.fullmatch(r"[0-9]{1,5}", port) and int(port) < 65536):
+        raise ValueError(f"not host:port: {address!r}")
+    return name or "127.0.0.1", int(port)
 
 
 parse_seconds = partial(parse_duration, loose=True)
@@ -505,18 +513,18 @@ def _show(raw: Any) -> str:
 
 
 def _address(layers: Layers) -> str:
-    raw = _value(layers, "listen_address")
-    text = str(raw)
-    host, sep, port = text.rpartition(":")
+    key = KEY_BY_PATH["listen_address"]
+    return address_value(key, layers.get(key.path, key.default), layers.where(key.path))
+
+
+def address_value(key: Key, raw: Any, where: str = "") -> str:
+    """A listen address as `split_host_port` reads it; ConfigError naming the key, an example (its
+    default) and the value (and `where` it came from) otherwise."""
     try:
-        host_ok = ipaddress.ip_address(host.strip("[]")) is not None
+        split_host_port(str(raw))
     except ValueError:
-        host_ok = re.fullmatch(r"[A-Za-z0-9.-]+", host) is not None
-    if not (sep and host_ok and re.fullmatch(r"[0-9]{1,5}", port) and int(port) < 65536):  # 0: any free port
-        raise ConfigError(
-            f"listen_address: must be host:port (e.g. 127.0.0.1:9464), got {_show(raw)}{layers.where('listen_address')}"
-        )
-    return text
+        raise ConfigError(f"{key.path}: must be host:port (e.g. {key.default}), got {_show(raw)}{where}") from None
+    return str(raw)
 
 
 def _targets(layers: Layers) -> list[Target]:

@@ -14,6 +14,8 @@ from typing import Any
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import (
     ConfigError,
+    Key,
+    address_value,
     count_key,
     duration_key,
     key_value,
@@ -21,7 +23,7 @@ from kvscope.agent.config import (
     section_values,
     switch_key,
 )
-from kvscope.agent.tap.proxy import RequestTap, TapConfig
+from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_upstream
 from kvscope.agent.traces.export import SpanBatchExporter
 
 _CLOSED = {  # tap.stats key -> reason of kvscope_connections_closed_total (the config key that closed it)
@@ -30,6 +32,7 @@ _CLOSED = {  # tap.stats key -> reason of kvscope_connections_closed_total (the 
     "client_timeout_body": "request_timeout",
     "client_timeout_idle": "idle_timeout",
 }
+LISTEN = Key("tap.listen", TapConfig.listen)
 KEYS = (  # what each key means: docs/requests.md (the tap in the agent)
     count_key("tap.max_tenants", TapConfig.max_tenants, 1, 10_000),
     count_key("tap.max_adapters", TapConfig.max_adapters, 1, 10_000),
@@ -42,7 +45,7 @@ KEYS = (  # what each key means: docs/requests.md (the tap in the agent)
     duration_key("tap.idle_timeout_s", TapConfig.idle_timeout_s, "100ms", "1d"),
 )
 FAIRNESS_WINDOW = duration_key("tap.fairness_window_s", 300.0, "1s", "1d")
-_KEYS = {*(k.name for k in KEYS), "listen", "upstreams", "tenant_header", "otlp_endpoint", FAIRNESS_WINDOW.name}
+_KEYS = {*(k.name for k in KEYS), LISTEN.name, "upstreams", "tenant_header", "otlp_endpoint", FAIRNESS_WINDOW.name}
 
 
 def parse_tap_config(raw: Any) -> dict[str, Any]:
@@ -54,18 +57,19 @@ def parse_tap_config(raw: Any) -> dict[str, Any]:
     ups = raw.get("upstreams")
     if isinstance(ups, str):
         ups = [ups]
-    if not ups or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in ups):
-        raise ConfigError("tap.upstreams: needs one or more http(s):// base URLs")
+    if not ups or not isinstance(ups, list):
+        raise ConfigError(f"tap.upstreams: needs one or more http(s):// base URLs, got {ups!r}")
+    for url in ups:
+        try:
+            parse_upstream(url if isinstance(url, str) else "")
+        except ValueError:
+            raise ConfigError(f"tap.upstreams: needs one or more http(s):// base URLs, got {url!r}") from None
     cfg = TapConfig(
         upstreams=tuple(ups),
-        listen=str(raw.get("listen", TapConfig.listen)),
+        listen=address_value(LISTEN, raw.get(LISTEN.name, LISTEN.default)),
         tenant_header=raw.get("tenant_header", "X-Tenant") or None,
         **section_values(raw, KEYS),
     )
-    try:
-        cfg.host_port()
-    except ValueError as e:
-        raise ConfigError(f"tap.listen: must be host:port, got {cfg.listen!r}") from e
     return {
         "tap": cfg,
         "otlp_endpoint": raw.get("otlp_endpoint"),

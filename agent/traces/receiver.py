@@ -23,6 +23,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from kvscope.agent.collectors.base import Collection, Health, register_collector
 from kvscope.agent.config import (
     ConfigError,
+    Key,
+    address_value,
     count_key,
     duration_key,
     register_section,
@@ -62,6 +64,7 @@ class OtlpConfig:
         return split_host_port(self.listen)
 
 
+_LISTEN = Key("otlp.listen", OtlpConfig.listen)
 _STITCH_KEYS = (  # what each key means: docs/requests.md §1
     count_key("otlp.max_traces", StitchConfig.max_traces, 1, 1_000_000),
     count_key("otlp.max_spans_per_trace", StitchConfig.max_spans_per_trace, 1, 100_000),
@@ -85,9 +88,7 @@ def parse_otlp_config(raw: Any) -> OtlpConfig:
     known = {f.name for f in fields(OtlpConfig) + fields(StitchConfig)} - inner
     if unknown := sorted(set(raw) - known):
         raise ConfigError(f"otlp: unknown keys {unknown}; allowed: {sorted(known)}")
-    listen = str(raw.get("listen", "127.0.0.1:4318"))
-    if not listen.rpartition(":")[2].isdigit():
-        raise ConfigError(f"otlp.listen: must be host:port, got {listen!r}")
+    listen = address_value(_LISTEN, raw.get(_LISTEN.name, _LISTEN.default))
     labels = raw.get("service_labels") or {}
     if not isinstance(labels, dict) or not all(isinstance(v, dict) for v in labels.values()):
         raise ConfigError("otlp.service_labels: must map service.name -> {label: value}")

@@ -480,6 +480,13 @@ def test_config_values_out_of_range_are_refused_naming_the_key(text, key):
             "tap.block_chars: must be an integer from 1 to 1048576, got 0",
         ),
         ("otlp_push: {timeout_s: 1e9}\n", 'otlp_push.timeout_s: must be a duration > 0 and < 1d, got "1e9"'),
+        # a port past 65535 was accepted for both listeners; an upstream without a host failed later
+        ("otlp: {listen: 'h:99999'}\n", 'otlp.listen: must be host:port (e.g. 127.0.0.1:4318), got "h:99999"'),
+        (
+            "tap: {upstreams: http://e:8000, listen: 'h:99999'}\n",
+            'tap.listen: must be host:port (e.g. 127.0.0.1:8001), got "h:99999"',
+        ),
+        ("tap: {upstreams: 'http://'}\n", "tap.upstreams: needs one or more http(s):// base URLs, got 'http://'"),
     ],
 )
 def test_extension_section_values_are_refused_naming_the_key(text, message):
