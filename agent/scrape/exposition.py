@@ -12,9 +12,8 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from kvscope.core.signals import Labels
+from kvscope.core.signals import Labels, Sample
 
 MAX_LINE = 1 << 16
 MAX_LABELS = 256
@@ -56,13 +55,8 @@ TYPES = ("counter", "gauge", "histogram", "summary", "untyped", "unknown", "info
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 
 
-class RawSample(NamedTuple):
-    """One sample with its upstream name; timestamp in seconds or None."""
-
-    name: str
-    labels: Labels
-    value: float
-    timestamp: float | None = None
+RawSample = Sample
+"""One sample with its upstream name (before normalization); timestamp in seconds or None."""
 
 
 @dataclass(frozen=True, slots=True)
