@@ -284,10 +284,6 @@ class KvEventSubscriber:
                 return f"{what}_{type(t.exception()).__name__}"
         return None
 
-    def handle(self, frames: list[bytes]) -> None:
-        """Parse and apply one multipart message (`parse`), all at once."""
-        self.tracker.apply(self.parse(frames))
-
     def parse(self, frames: list[bytes]) -> list[KvEvent]:
         """One multipart message: [topic, seq, payload] (or [seq, payload] without topic) -> its
         events. A bad message or event is counted in `errors` by reason, never raised."""

@@ -253,7 +253,7 @@ def _sample(
         return None
     m = grammar[0].fullmatch(line)
     if m is None:
-        _issue(out, lineno, _diagnose(line, grammar), line)
+        _issue(out, lineno, _diagnose(line), line)
         return None
     name, sep, body, raw_value, raw_ts, exemplar = m.groups()
     if body is None:
@@ -325,7 +325,7 @@ def _exemplar_ok(text: str, grammar: tuple[re.Pattern[str], ...], limits: Limits
     return not isinstance(labels, str) and sum(len(k) + len(v) for k, v in labels) <= 128
 
 
-def _diagnose(line: str, grammar: tuple[re.Pattern[str], ...]) -> str:
+def _diagnose(line: str) -> str:
     """Why a sample line did not match (only bad lines pay for this)."""
     rest = line.lstrip(" \t")
     head = re.match(rf"({_NAME})?+[ \t]*+", rest)

@@ -252,14 +252,14 @@ class RequestTap:
         doc = parse_json_object(req.body) if req.method == "POST" and req.path in ACCOUNTED_PATHS else None
         ex, body, injected = None, req.body, False
         if doc is not None:
-            ex = self._begin(req, doc)
+            ex = self._begin(req)
             if doc.get("stream") is True and self.config.inject_usage and not _asks_usage(doc):
                 body, injected = render_with_usage(req.body, doc), True
         target = self.targets[ex.replica if ex else self.config.upstreams[0]]
         wire = render_request(req.method, target.prefix + req.target, target.host, upstream_headers(req, ex), body)
         Forward(self, conn, req, ex, doc, injected, target, wire).start()
 
-    def _begin(self, req: Request, doc: dict[str, Any]) -> Exchange:
+    def _begin(self, req: Request) -> Exchange:
         """What the request needs before it goes upstream: its trace context and replica. Who sent
         it (`identify`) is worked out after it went, so that work never delays the engine."""
         trace_id, parent = parse_traceparent(req.headers.get("traceparent")) or (_hex(16), "")
