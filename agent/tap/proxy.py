@@ -29,7 +29,7 @@ import msgspec
 from kvscope.agent.config import split_host_port
 from kvscope.agent.metricsets import CounterSet
 from kvscope.agent.serve.export import canonical_families
-from kvscope.agent.serve.limits import Refused, connection_cap, http_answer
+from kvscope.agent.serve.limits import Refused, connection_cap, http_answer, worth_a_warning
 from kvscope.agent.tap.exchange import Exchange
 from kvscope.agent.tap.forward import Forward
 from kvscope.agent.tap.groups import GroupSeries
@@ -206,7 +206,7 @@ class RequestTap:
         if len(self._clients) < self.max_connections:
             return Downstream(self._on_request, self._clients, self.config.max_request_bytes)
         self.stats["connections_refused"] += 1
-        if self.stats["connections_refused"] in (1, 10, 100) or self.stats["connections_refused"] % 1000 == 0:
+        if worth_a_warning(self.stats["connections_refused"]):
             log.warning(
                 "tap: %d client connections open (max_connections); %d refused with 503 so far",
                 len(self._clients),
