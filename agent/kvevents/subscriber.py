@@ -340,12 +340,7 @@ class KvEventsCollector:
     name = "kv_events"
 
     def __init__(self, config: Any = None) -> None:
-        section = getattr(config, "extensions", {}).get("kv_events") if config is not None else None
-        sources = (
-            section
-            if section is None or isinstance(section, list) and all(isinstance(s, KvEventSource) for s in section)
-            else parse_kv_events_config(section)
-        )
+        sources = config.extensions.get("kv_events") if config is not None else None  # parsed by build_config
         self.subscribers = [KvEventSubscriber(s) for s in sources or []]
         self._reported: dict[str, Counter[str]] = {}
 

@@ -87,9 +87,7 @@ class TapCollector:
     name = "tap"
 
     def __init__(self, config: Any = None) -> None:
-        section = getattr(config, "extensions", {}).get("tap") if config is not None else None
-        if section is not None and not (isinstance(section, dict) and isinstance(section.get("tap"), TapConfig)):
-            section = parse_tap_config(section)
+        section = config.extensions.get("tap") if config is not None else None  # parsed by build_config
         self.section = section
         self.exporter = SpanBatchExporter(section["otlp_endpoint"]) if section and section["otlp_endpoint"] else None
         objectives = getattr(config, "objectives", None)  # the agent config's `objectives:` section

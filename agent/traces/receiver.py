@@ -119,8 +119,7 @@ class OtlpTraceReceiver:
         if isinstance(config, OtlpConfig) or config is None:
             self.config: OtlpConfig | None = config or OtlpConfig()
         else:
-            section = getattr(config, "extensions", {}).get("otlp")
-            self.config = section if isinstance(section, OtlpConfig) or section is None else parse_otlp_config(section)
+            self.config = config.extensions.get("otlp")  # parsed by build_config (register_section)
         self.limits = getattr(config, "server_limits", None)  # the agent's `server.*` keys
         cfg = self.config or OtlpConfig()
         self.stitcher = TraceStitcher(cfg.stitch, clock=clock)
