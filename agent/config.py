@@ -14,7 +14,7 @@ import ipaddress
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import accumulate
@@ -76,12 +76,20 @@ def parse_count(value: Any) -> int:
 
 
 def split_host_port(address: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port` -> (host, port); no host is 127.0.0.1. Raises ValueError."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    """A listen address, `host:port` or `[v6]:port` -> (host, port): the host an IP address or a
+    name, none for 127.0.0.1; the port 0-65535 (0 picks a free one). Raises ValueError."""
+    host, sep, port = address.rpartition(":")
+    name = host.strip("[]")
+    try:
+        host_ok = not name or ipaddress.ip_address(name) is not None
+    except ValueError:
+        host_ok = re.fullmatch(r"[A-Za-z0-9.-]+", host) is not None
+    if not (sep and host_ok and re.fullmatch(r"[0-9]{1,5}", port) and int(port) < 65536):
+        raise ValueError(f"not host:port: {address!r}")
+    return name or "127.0.0.1", int(port)
 
 
-_SECONDS = partial(parse_duration, loose=True)
+parse_seconds = partial(parse_duration, loose=True)
 """A config duration: seconds, or `500ms`, `15s`, `10m`, `1h`, `1m30s`."""
 _COUNT = "an integer >= 0 (0 = no limit)"
 
@@ -98,17 +106,44 @@ class Key:
     allowed: str = "a number > 0"
 
     @property
+    def name(self) -> str:
+        """The key's name in its section (the path's last part)."""
+        return self.path.rpartition(".")[2]
+
+    @property
     def env(self) -> str:
         """`KVSCOPE_<AREA>_<KEY>`, units in the name as the YAML key has them."""
         return "KVSCOPE_" + self.path.replace(".", "_").upper()
+
+
+def count_key(path: str, default: int, low: int, high: int) -> Key:
+    """A key whose value is an integer from `low` to `high`."""
+    return Key(path, default, parse_count, lambda v: low <= v <= high, f"an integer from {low} to {high}")
+
+
+def duration_key(path: str, default: float, low: str, high: str) -> Key:
+    """A key whose value is a duration from `low` to `high`, both spelled as in a config (`100ms`)."""
+    lo, hi = parse_seconds(low), parse_seconds(high)
+    return Key(path, default, parse_seconds, lambda v: lo <= v <= hi, f"a duration from {low} to {high}")
+
+
+def size_key(path: str, default: int, low: str, high: str) -> Key:
+    """A key whose value is a size from `low` to `high`, both spelled as in a config (`1KiB`)."""
+    lo, hi = parse_bytes(low), parse_bytes(high)
+    return Key(path, default, parse_bytes, lambda v: lo <= v <= hi, f"a size from {low} to {high}")
+
+
+def switch_key(path: str, default: bool) -> Key:
+    """A key whose value is true or false (`yes`, `off`... as core/scalars.py parse_bool reads them)."""
+    return Key(path, default, parse_bool, lambda v: True, "true or false")
 
 
 # What each key means: README.md (configuration) and docs/collectors.md (scrape limits).
 KEYS: tuple[Key, ...] = (
     Key("listen_address", "127.0.0.1:9464"),  # loopback by default; port 0 picks a free port
     # ranges: a value outside them is a typo or a unit slip (1ms, 1e308 s, 1e20GiB), refused at start
-    Key("scrape.interval_s", 15.0, _SECONDS, lambda v: 0.1 <= v <= 86400, "a duration from 100ms to 1d"),
-    Key("scrape.timeout_s", 5.0, _SECONDS),  # < interval; unset: min(5, 0.8 x interval)
+    Key("scrape.interval_s", 15.0, parse_seconds, lambda v: 0.1 <= v <= 86400, "a duration from 100ms to 1d"),
+    Key("scrape.timeout_s", 5.0, parse_seconds),  # < interval; unset: min(5, 0.8 x interval)
     Key(
         "scrape.max_body_bytes", 16 << 20, parse_bytes, lambda v: 1024 <= v <= 1 << 30, "a size from 1024 bytes to 1GiB"
     ),
@@ -117,13 +152,15 @@ KEYS: tuple[Key, ...] = (
         for n in LIMIT_KEYS
     ),
     Key("store.path", "kvscope.db"),  # "" keeps history in memory only (SQLite, 128 MiB at most)
-    Key("store.retention_s", 7 * 86400.0, _SECONDS, lambda v: 60 <= v <= 3660 * 86400, "a duration from 1m to 10y"),
+    Key(
+        "store.retention_s", 7 * 86400.0, parse_seconds, lambda v: 60 <= v <= 3660 * 86400, "a duration from 1m to 10y"
+    ),
     Key("store.max_bytes", 1 << 30, parse_bytes, lambda v: 1 << 20 <= v <= 1 << 50, "a size from 1MiB to 1PiB"),
     Key("store.max_series_per_target", 50_000, parse_count, lambda v: 1 <= v <= 200_000, "an integer from 1 to 200000"),
     # every listener of the agent (/metrics and API, OTLP receiver): agent/serve/limits.py
-    Key("server.header_timeout_s", 10.0, _SECONDS, lambda v: 0.1 <= v <= 3600, "a duration from 100ms to 1h"),
-    Key("server.request_timeout_s", 60.0, _SECONDS, lambda v: 0.1 <= v <= 3600, "a duration from 100ms to 1h"),
-    Key("server.idle_timeout_s", 75.0, _SECONDS, lambda v: 0.1 <= v <= 86400, "a duration from 100ms to 1d"),
+    Key("server.header_timeout_s", 10.0, parse_seconds, lambda v: 0.1 <= v <= 3600, "a duration from 100ms to 1h"),
+    Key("server.request_timeout_s", 60.0, parse_seconds, lambda v: 0.1 <= v <= 3600, "a duration from 100ms to 1h"),
+    Key("server.idle_timeout_s", 75.0, parse_seconds, lambda v: 0.1 <= v <= 86400, "a duration from 100ms to 1d"),
     Key("server.max_connections", 256, parse_count, lambda v: 1 <= v <= 1_000_000, "an integer from 1 to 1000000"),
 )
 KEY_BY_PATH = {k.path: k for k in KEYS}
@@ -449,14 +486,26 @@ def _value(layers: Layers, path: str) -> Any:
 def _number(layers: Layers, key: str | Key) -> float:
     """The value of a numeric key, parsed and within its bound; ConfigError naming it otherwise."""
     key = KEY_BY_PATH[key] if isinstance(key, str) else key
-    raw = layers.get(key.path, key.default)
+    return float(key_value(key, layers.get(key.path, key.default), layers.where(key.path)))
+
+
+def key_value(key: Key, raw: Any, where: str = "") -> Any:
+    """`raw` as `key.parse` reads it, within `key.ok`; ConfigError naming the key, what is allowed
+    and the value (and `where` it came from, e.g. ` (from KVSCOPE_X)`) otherwise."""
     try:
-        value = float(key.parse(raw))
+        value = key.parse(raw)
+        number = float(value)
     except (ValueError, TypeError, OverflowError):  # OverflowError: float() of a huge integer
-        value = math.nan
-    if math.isnan(value) or math.isinf(value) or not key.ok(value):
-        raise ConfigError(f"{key.path}: must be {key.allowed}, got {_show(raw)}{layers.where(key.path)}")
+        value, number = None, math.nan
+    if math.isnan(number) or math.isinf(number) or not key.ok(number):
+        raise ConfigError(f"{key.path}: must be {key.allowed}, got {_show(raw)}{where}")
     return value
+
+
+def section_values(section: Mapping[str, Any], keys: Iterable[Key]) -> dict[str, Any]:
+    """An extension section's scalar keys that it sets, by name, each read and checked by
+    `key_value`; a key the section leaves out is absent (the extension's default applies)."""
+    return {key.name: key_value(key, section[key.name]) for key in keys if key.name in section}
 
 
 def _show(raw: Any) -> str:
@@ -464,18 +513,18 @@ def _show(raw: Any) -> str:
 
 
 def _address(layers: Layers) -> str:
-    raw = _value(layers, "listen_address")
-    text = str(raw)
-    host, sep, port = text.rpartition(":")
+    key = KEY_BY_PATH["listen_address"]
+    return address_value(key, layers.get(key.path, key.default), layers.where(key.path))
+
+
+def address_value(key: Key, raw: Any, where: str = "") -> str:
+    """A listen address as `split_host_port` reads it; ConfigError naming the key, an example (its
+    default) and the value (and `where` it came from) otherwise."""
     try:
-        host_ok = ipaddress.ip_address(host.strip("[]")) is not None
+        split_host_port(str(raw))
     except ValueError:
-        host_ok = re.fullmatch(r"[A-Za-z0-9.-]+", host) is not None
-    if not (sep and host_ok and re.fullmatch(r"[0-9]{1,5}", port) and int(port) < 65536):  # 0: any free port
-        raise ConfigError(
-            f"listen_address: must be host:port (e.g. 127.0.0.1:9464), got {_show(raw)}{layers.where('listen_address')}"
-        )
-    return text
+        raise ConfigError(f"{key.path}: must be host:port (e.g. {key.default}), got {_show(raw)}{where}") from None
+    return str(raw)
 
 
 def _targets(layers: Layers) -> list[Target]:

@@ -95,3 +95,37 @@ class CounterSet:
     def render(self, timestamp: float | None = None) -> list[Sample]:
         with self._lock:
             return [Sample(self.name, lab, v, timestamp) for lab, v in self._values.items()]
+
+
+class GroupFamilies:
+    """The per-request families of one grouping label (`tenant`, `adapter`) under `<group>_*`
+    names (docs/requests.md): requests, errors, prompt / completion / cached tokens, in-flight
+    seconds, TTFT and token gaps. The tap fills every one (agent/tap/groups.py), the trace receiver
+    the ones spans carry (agent/traces/tenants.py); a family nothing fed renders nothing."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.requests = CounterSet(f"{group}_requests_total")
+        self.errors = CounterSet(f"{group}_request_errors_total")
+        self.prompt_tokens = CounterSet(f"{group}_prompt_tokens_total")
+        self.completion_tokens = CounterSet(f"{group}_completion_tokens_total")
+        self.cached_tokens = CounterSet(f"{group}_cached_tokens_total")
+        self.request_seconds = CounterSet(f"{group}_request_seconds_total")
+        self.ttft = HistogramSet(f"{group}_ttft_seconds", GENAI_TTFT_BUCKETS)
+        self.itl = HistogramSet(f"{group}_itl_seconds", GENAI_TPOT_BUCKETS)
+
+    def render(self, timestamp: float | None = None) -> list[Sample]:
+        """Every family's samples."""
+        out: list[Sample] = []
+        for fam in (
+            self.requests,
+            self.errors,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.cached_tokens,
+            self.request_seconds,
+            self.ttft,
+            self.itl,
+        ):
+            out.extend(fam.render(timestamp))
+        return out

@@ -3,16 +3,11 @@ for `kvscope agent` and the integration harness, so a hook added here runs every
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-
 from kvscope.agent.config import AgentConfig
 from kvscope.agent.derive.cascade import CascadeWindow
 from kvscope.agent.derive.fairness import fairness_hook
 from kvscope.agent.derive.gpu_join import engine_gpu_hook
-from kvscope.core.signals import Sample
-
-Hook = Callable[[Sequence[Sample]], Iterable[Sample]]
-"""A derive hook: the cycle's samples in, the derived samples out (agent/runtime.py DeriveHook)."""
+from kvscope.agent.runtime import DeriveHook
 
 
 def fairness_window_s(config: AgentConfig) -> float:
@@ -24,7 +19,7 @@ def fairness_window_s(config: AgentConfig) -> float:
     return float(getattr(otlp, "fairness_window_s", 300.0))
 
 
-def derive_hooks(config: AgentConfig) -> list[Hook]:
+def derive_hooks(config: AgentConfig) -> list[DeriveHook]:
     """The engine↔GPU join, the per-tenant fairness gauges and the eviction cascade (over 15 min),
     in that order."""
     return [engine_gpu_hook(config.gpu_mapping), fairness_hook(fairness_window_s(config)), CascadeWindow(900.0)]

@@ -35,14 +35,14 @@ import logging
 import socket
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
-from kvscope.agent.config import ConfigError, parse_bytes, register_section
+from kvscope.agent.config import ConfigError, key_value, register_section, size_key
 from kvscope.agent.kvevents.events import KvEvent, KvEventError, parse_kv_batch, parse_seq
 from kvscope.agent.kvevents.residency import ResidencyTracker
 from kvscope.agent.ratelog import warn_every
@@ -73,6 +73,9 @@ class KvEventSource:
     max_message_bytes: int = MAX_MESSAGE_BYTES
 
 
+_MAX_MESSAGE = size_key("kv_events[].max_message_bytes", MAX_MESSAGE_BYTES, "1KiB", "1GiB")
+
+
 def parse_kv_events_config(raw: Any) -> list[KvEventSource]:
     """Validate the `kv_events` section (a list of {endpoint, instance, topic})."""
     if not isinstance(raw, list):
@@ -88,15 +91,10 @@ def parse_kv_events_config(raw: Any) -> list[KvEventSource]:
                 f"kv_events[{i}].endpoint: the source {source!r} before ';' must be an IP address or a "
                 "network interface of this host (ZMQ would look a host name up with no deadline)"
             )
-        cap = item.get("max_message_bytes", MAX_MESSAGE_BYTES)
-        try:
-            cap = parse_bytes(cap)
-        except ValueError:
-            cap = -1
-        if not 1024 <= cap <= 1 << 30:
-            raise ConfigError(
-                f"kv_events[{i}].max_message_bytes: must be a size from 1KiB to 1GiB, got {item['max_message_bytes']!r}"
-            )
+        cap = key_value(
+            replace(_MAX_MESSAGE, path=f"kv_events[{i}].max_message_bytes"),
+            item.get("max_message_bytes", MAX_MESSAGE_BYTES),
+        )
         topic = str(item.get("topic", ""))
         out.append(KvEventSource(str(item["endpoint"]), str(item["instance"]), topic, cap))
     return out
@@ -286,10 +284,6 @@ class KvEventSubscriber:
                 return f"{what}_{type(t.exception()).__name__}"
         return None
 
-    def handle(self, frames: list[bytes]) -> None:
-        """Parse and apply one multipart message (`parse`), all at once."""
-        self.tracker.apply(self.parse(frames))
-
     def parse(self, frames: list[bytes]) -> list[KvEvent]:
         """One multipart message: [topic, seq, payload] (or [seq, payload] without topic) -> its
         events. A bad message or event is counted in `errors` by reason, never raised."""
@@ -346,12 +340,7 @@ class KvEventsCollector:
     name = "kv_events"
 
     def __init__(self, config: Any = None) -> None:
-        section = getattr(config, "extensions", {}).get("kv_events") if config is not None else None
-        sources = (
-            section
-            if section is None or isinstance(section, list) and all(isinstance(s, KvEventSource) for s in section)
-            else parse_kv_events_config(section)
-        )
+        sources = config.extensions.get("kv_events") if config is not None else None  # parsed by build_config
         self.subscribers = [KvEventSubscriber(s) for s in sources or []]
         self._reported: dict[str, Counter[str]] = {}
 

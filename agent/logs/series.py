@@ -9,9 +9,9 @@ import calendar
 import datetime
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Protocol
 
 from kvscope.agent.logs.lines import MAX_LINE, Line, parse_line
 from kvscope.core.signals import Sample, make_labels
@@ -176,15 +176,21 @@ class LogRead:
     summary: LogSummary
 
 
-def iter_lines(stream: IO[bytes], summary: LogSummary) -> Iterable[str]:
-    """Decoded lines of a binary stream, each at most MAX_LINE characters (longer: too_long, skipped)."""
-    limit = MAX_LINE * 4 + 1
+class LineStream(Protocol):
+    """What `iter_lines` reads: a binary file, plain or gzip."""
+
+    def readline(self, size: int, /) -> bytes: ...
+
+
+def iter_lines(stream: LineStream, max_bytes: int) -> Iterator[str | None]:
+    """Decoded lines of a binary stream (line ends stripped); None for a line over `max_bytes`,
+    which is skipped in bounded reads, never held whole."""
+    limit = max_bytes + 1
     while chunk := stream.readline(limit):
-        summary.lines += 1
         if len(chunk) == limit and not chunk.endswith(b"\n"):
             while (more := stream.readline(limit)) and not more.endswith(b"\n"):
                 pass
-            summary.skipped["too_long"] += 1
+            yield None
             continue
         yield chunk.decode("utf-8", "replace").rstrip("\r\n")
 
@@ -201,7 +207,11 @@ def read_log(
     kept, newest = 0, 0.0
     untimed: list[Line] = []  # recognised lines without a time, in printed order
     newest_of: dict[str, float] = {}  # per stream source (pod or the log's instance)
-    for text in iter_lines(stream, summary):
+    for text in iter_lines(stream, MAX_LINE * 4):  # UTF-8: up to 4 bytes a character
+        summary.lines += 1
+        if text is None:
+            summary.skipped["too_long"] += 1
+            continue
         got = parse_line(text, day)
         if isinstance(got, Line) and got.missing == "time":
             if len(untimed) < MAX_RECORDS:

@@ -120,7 +120,7 @@ class Converter:
         key = (name, labels)
         prev = self._prev.get(key)
         reset = prev is not None and value < prev
-        start = self._start_of(key, now_ns, reset)
+        start = self._start_of(key, reset)
         self._prev[key] = value
         if self.delta:
             value = value if prev is None or reset else value - prev
@@ -132,7 +132,7 @@ class Converter:
         prev: HistogramPoint | None = self._prev.get(key)
         usable = prev is not None and prev.bounds == p.bounds
         reset = usable and (p.count < prev.count or any(a < b for a, b in zip(p.counts, prev.counts, strict=True)))  # type: ignore[union-attr]
-        start = self._start_of(key, now_ns, reset or (prev is not None and not usable))
+        start = self._start_of(key, reset or (prev is not None and not usable))
         self._prev[key] = p
         counts, total, count = p.counts, p.total, p.count
         if self.delta and usable and not reset:
@@ -151,7 +151,7 @@ class Converter:
             max=None,  # type: ignore[arg-type]
         )
 
-    def _start_of(self, key: _Key, now_ns: int, reset: bool) -> int:
+    def _start_of(self, key: _Key, reset: bool) -> int:
         if reset or key not in self._start:  # new or restarted since the last export
             self._start[key] = self._last_export
         return self._start[key]

@@ -35,13 +35,21 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvscope.agent.config import ConfigError, parse_count, register_section
+from kvscope.agent.config import (
+    ConfigError,
+    Key,
+    count_key,
+    key_value,
+    parse_seconds,
+    register_section,
+    section_values,
+    switch_key,
+)
 from kvscope.agent.otel.convert import Converter
 from kvscope.agent.otel.genai import OPERATION_NAME, genai_points
 from kvscope.agent.ratelog import warn_every
 from kvscope.agent.serve.export import canonical_families, health_families
 from kvscope.core.resolve import daemon_call
-from kvscope.core.scalars import parse_bool, parse_duration
 from kvscope.core.signals import Catalog, load_catalog
 
 log = logging.getLogger("kvscope.agent.otel")
@@ -63,6 +71,17 @@ class PushConfig:
     interval_s: float = 60.0
     operation_name: str = OPERATION_NAME
     max_points: int = 200_000
+
+
+_ENABLED = switch_key(f"{SECTION}.enabled", True)
+_TIMES = tuple(  # absent: the variable or the SDK's default decides
+    Key(f"{SECTION}.{name}", None, parse_seconds, lambda v: 0 < v < 86400, "a duration > 0 and < 1d")
+    for name in ("interval_s", "timeout_s")
+)
+_INTERVAL_VAR = Key(
+    INTERVAL_VAR, None, lambda ms: float(ms) / 1000, lambda v: 0 < v < 86400, "milliseconds > 0 and < 1 day"
+)
+_MAX_POINTS = count_key(f"{SECTION}.max_points", PushConfig.max_points, 1, 100_000_000)
 
 
 def parse_section(raw: Any) -> dict[str, Any]:
@@ -90,11 +109,7 @@ def push_config(section: Mapping[str, Any] | None, environ: Mapping[str, str] = 
         if "otlp" not in {e.strip().lower() for e in environ.get("OTEL_METRICS_EXPORTER", "").split(",")}:
             return None
         section = {}
-    try:
-        enabled = parse_bool(section.get("enabled", True))
-    except ValueError:
-        raise ConfigError(f"{SECTION}.enabled: must be true or false, got {section.get('enabled')!r}") from None
-    if not enabled:
+    if not key_value(_ENABLED, section.get(_ENABLED.name, _ENABLED.default)):
         return None
     given = _section_values(section, environ)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -128,11 +143,9 @@ def _section_values(section: Mapping[str, Any], environ: Mapping[str, str]) -> d
         if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
             raise ConfigError(f"{SECTION}.headers: must be a mapping of header name to string value")
         out["headers"] = raw
-    for key in ("interval_s", "timeout_s"):
-        if key in section:
-            out[key] = _duration(section[key], f"{SECTION}.{key}", loose=True)
+    out.update(section_values(section, _TIMES))
     if "interval_s" not in out and INTERVAL_VAR in environ:
-        out["interval_s"] = _duration(environ[INTERVAL_VAR], INTERVAL_VAR, loose=False)
+        out["interval_s"] = key_value(_INTERVAL_VAR, environ[INTERVAL_VAR])
     if "temporality" in section:
         value = {"cumulative": "cumulative", "delta": "delta", "lowmemory": "delta"}.get(
             str(section["temporality"]).strip().lower()
@@ -144,12 +157,7 @@ def _section_values(section: Mapping[str, Any], environ: Mapping[str, str]) -> d
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"{SECTION}.operation_name: must be a non-empty string such as chat or text_completion")
     out["operation_name"] = name.strip()
-    try:
-        out["max_points"] = parse_count(section.get("max_points", 200_000))
-    except ValueError:
-        out["max_points"] = 0
-    if out["max_points"] < 1:
-        raise ConfigError(f"{SECTION}.max_points: must be an integer >= 1, got {section.get('max_points')!r}")
+    out["max_points"] = key_value(_MAX_POINTS, section.get(_MAX_POINTS.name, _MAX_POINTS.default))
     return out
 
 
@@ -164,17 +172,6 @@ def _url(url: Any, where: str) -> str:
             f"(e.g. http://collector:4318/v1/metrics), got {url!r}"
         )
     return url
-
-
-def _duration(raw: Any, where: str, loose: bool) -> float:
-    """A duration in seconds from the section (`30s`, 30) or the variable (milliseconds)."""
-    try:
-        value = parse_duration(raw, loose=True) if loose else float(raw) / 1000.0
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 86400:
-        raise ConfigError(f"{where}: must be a duration > 0 (the variable in milliseconds), got {raw!r}")
-    return value
 
 
 # ------------------------------------------------------------------------------------------ push loop

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.agent.derive.gpu_join import derive_engine_gpu
+from kvscope.agent.logs.series import iter_lines
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.normalize.dialect import MappingMemo, detect_engine, normalize
 from kvscope.agent.recording.omfile import RecordingLimits, read_recording, scrapes_by_target
@@ -193,12 +194,12 @@ def read_spans(path: str | os.PathLike[str], max_spans: int = 2_000_000) -> tupl
     spans: list[Span] = []
     issues: Counter[str] = Counter()
     opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            if len(line) > MAX_SPAN_LINE:
+    with opener(path, "rb") as f:
+        for line in iter_lines(f, MAX_SPAN_LINE):
+            if line is None:
                 issues["line_too_long"] += 1
+                continue
+            if not line.strip():
                 continue
             if len(spans) >= max_spans:
                 issues["truncated"] += 1

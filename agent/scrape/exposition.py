@@ -12,9 +12,8 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from kvscope.core.signals import Labels
+from kvscope.core.signals import Labels, Sample
 
 MAX_LINE = 1 << 16
 MAX_LABELS = 256
@@ -56,13 +55,8 @@ TYPES = ("counter", "gauge", "histogram", "summary", "untyped", "unknown", "info
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 
 
-class RawSample(NamedTuple):
-    """One sample with its upstream name; timestamp in seconds or None."""
-
-    name: str
-    labels: Labels
-    value: float
-    timestamp: float | None = None
+RawSample = Sample
+"""One sample with its upstream name (before normalization); timestamp in seconds or None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +253,7 @@ def _sample(
         return None
     m = grammar[0].fullmatch(line)
     if m is None:
-        _issue(out, lineno, _diagnose(line, grammar), line)
+        _issue(out, lineno, _diagnose(line), line)
         return None
     name, sep, body, raw_value, raw_ts, exemplar = m.groups()
     if body is None:
@@ -331,7 +325,7 @@ def _exemplar_ok(text: str, grammar: tuple[re.Pattern[str], ...], limits: Limits
     return not isinstance(labels, str) and sum(len(k) + len(v) for k, v in labels) <= 128
 
 
-def _diagnose(line: str, grammar: tuple[re.Pattern[str], ...]) -> str:
+def _diagnose(line: str) -> str:
     """Why a sample line did not match (only bad lines pay for this)."""
     rest = line.lstrip(" \t")
     head = re.match(rf"({_NAME})?+[ \t]*+", rest)

@@ -160,8 +160,14 @@ class ConnectionGuard:
         """Count one connection closed unserved for `reason` (a warning at the 1st, 10th, 100th...)."""
         self.closed[reason] += 1
         n = self.closed[reason]
-        if n in (1, 10, 100) or n % 1000 == 0:
+        if worth_a_warning(n):
             log.warning("%s: %d client connection(s) closed unserved (%s) so far", self.who, n, reason)
+
+
+def worth_a_warning(n: int) -> bool:
+    """Whether the `n`th connection closed unserved is logged: the 1st, 10th, 100th and every
+    1000th (the count itself is in the self-metrics)."""
+    return n in (1, 10, 100) or n % 1000 == 0
 
 
 class _Guarded(asyncio.Protocol):

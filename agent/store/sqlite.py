@@ -355,15 +355,15 @@ class SqliteStore:
             self._writer.executemany("INSERT OR IGNORE INTO stamps (group_id, ts_ms) VALUES (?, ?)", enc.stamps)
             self._writer.execute("COMMIT")
         except sqlite3.Error as exc:
-            self._undo(exc)
+            self._undo()
             with self._qlock:  # back to the head of the queue, still bounded by max_queue
                 self._queue.extendleft(reversed(batch))
                 self._queued += sum(len(chunk) for _, chunk in batch)
                 self._trim_queue()
             self._failed(exc)
             return False
-        except BaseException as exc:
-            self._undo(exc)
+        except BaseException:
+            self._undo()
             raise
         finally:
             self._created = None
@@ -381,7 +381,7 @@ class SqliteStore:
             st.max_write_latency_s = max(st.max_write_latency_s, elapsed)
         return True
 
-    def _undo(self, exc: BaseException) -> None:
+    def _undo(self) -> None:
         """A batch failed: roll back, forget the series its transaction created and the
         encoder's state (it described rows that are not on disk)."""
         self.rollback()

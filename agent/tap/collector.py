@@ -8,34 +8,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
-from kvscope.agent.config import ConfigError, register_section
-from kvscope.agent.tap.proxy import RequestTap, TapConfig
+from kvscope.agent.config import (
+    ConfigError,
+    Key,
+    address_value,
+    count_key,
+    duration_key,
+    key_value,
+    register_section,
+    section_values,
+    switch_key,
+)
+from kvscope.agent.tap.proxy import RequestTap, TapConfig, parse_upstream
 from kvscope.agent.traces.export import SpanBatchExporter
-from kvscope.core.scalars import parse_bool, parse_duration
 
-_LIMITS = ("header_timeout_s", "request_timeout_s", "idle_timeout_s")
 _CLOSED = {  # tap.stats key -> reason of kvscope_connections_closed_total (the config key that closed it)
     "connections_refused": "max_connections",
     "client_timeout_head": "header_timeout",
     "client_timeout_body": "request_timeout",
     "client_timeout_idle": "idle_timeout",
 }
-_READ: dict[str, Callable[[Any], Any]] = {  # key -> how its value is read; absent: TapConfig's default
-    "listen": str,
-    "max_tenants": int,
-    "max_adapters": int,
-    "inject_usage": parse_bool,
-    "block_chars": int,
-    "max_connections": int,
-    **dict.fromkeys(("prefix_window_s", *_LIMITS), partial(parse_duration, loose=True)),
-}
-_KEYS = {*_READ, "upstreams", "tenant_header", "otlp_endpoint", "fairness_window_s"}
+LISTEN = Key("tap.listen", TapConfig.listen)
+KEYS = (  # what each key means: docs/requests.md (the tap in the agent)
+    count_key("tap.max_tenants", TapConfig.max_tenants, 1, 10_000),
+    count_key("tap.max_adapters", TapConfig.max_adapters, 1, 10_000),
+    switch_key("tap.inject_usage", TapConfig.inject_usage),
+    count_key("tap.block_chars", TapConfig.block_chars, 1, 1 << 20),
+    count_key("tap.max_connections", TapConfig.max_connections, 1, 1_000_000),
+    duration_key("tap.prefix_window_s", TapConfig.prefix_window_s, "1s", "1d"),
+    duration_key("tap.header_timeout_s", TapConfig.header_timeout_s, "100ms", "1h"),
+    duration_key("tap.request_timeout_s", TapConfig.request_timeout_s, "100ms", "1h"),
+    duration_key("tap.idle_timeout_s", TapConfig.idle_timeout_s, "100ms", "1d"),
+)
+FAIRNESS_WINDOW = duration_key("tap.fairness_window_s", 300.0, "1s", "1d")
+_KEYS = {*(k.name for k in KEYS), LISTEN.name, "upstreams", "tenant_header", "otlp_endpoint", FAIRNESS_WINDOW.name}
 
 
 def parse_tap_config(raw: Any) -> dict[str, Any]:
@@ -47,24 +57,23 @@ def parse_tap_config(raw: Any) -> dict[str, Any]:
     ups = raw.get("upstreams")
     if isinstance(ups, str):
         ups = [ups]
-    if not ups or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in ups):
-        raise ConfigError("tap.upstreams: needs one or more http(s):// base URLs")
-    try:
-        cfg = TapConfig(
-            upstreams=tuple(ups),
-            tenant_header=raw.get("tenant_header", "X-Tenant") or None,
-            **{k: read(raw[k]) for k, read in _READ.items() if k in raw},
-        )
-    except ValueError as e:
-        raise ConfigError(f"tap: {e}") from e
-    try:
-        cfg.host_port()
-    except ValueError as e:
-        raise ConfigError(f"tap.listen: must be host:port, got {cfg.listen!r}") from e
+    if not ups or not isinstance(ups, list):
+        raise ConfigError(f"tap.upstreams: needs one or more http(s):// base URLs, got {ups!r}")
+    for url in ups:
+        try:
+            parse_upstream(url if isinstance(url, str) else "")
+        except ValueError:
+            raise ConfigError(f"tap.upstreams: needs one or more http(s):// base URLs, got {url!r}") from None
+    cfg = TapConfig(
+        upstreams=tuple(ups),
+        listen=address_value(LISTEN, raw.get(LISTEN.name, LISTEN.default)),
+        tenant_header=raw.get("tenant_header", "X-Tenant") or None,
+        **section_values(raw, KEYS),
+    )
     return {
         "tap": cfg,
         "otlp_endpoint": raw.get("otlp_endpoint"),
-        "fairness_window_s": parse_duration(raw.get("fairness_window_s", 300), loose=True),
+        "fairness_window_s": key_value(FAIRNESS_WINDOW, raw.get(FAIRNESS_WINDOW.name, FAIRNESS_WINDOW.default)),
     }
 
 
@@ -78,9 +87,7 @@ class TapCollector:
     name = "tap"
 
     def __init__(self, config: Any = None) -> None:
-        section = getattr(config, "extensions", {}).get("tap") if config is not None else None
-        if section is not None and not (isinstance(section, dict) and isinstance(section.get("tap"), TapConfig)):
-            section = parse_tap_config(section)
+        section = config.extensions.get("tap") if config is not None else None  # parsed by build_config
         self.section = section
         self.exporter = SpanBatchExporter(section["otlp_endpoint"]) if section and section["otlp_endpoint"] else None
         objectives = getattr(config, "objectives", None)  # the agent config's `objectives:` section

@@ -4,26 +4,18 @@ tokens, in-flight seconds, TTFT and token gaps, the same families under `<group>
 
 from __future__ import annotations
 
-from kvscope.agent.metricsets import GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
+from kvscope.agent.metricsets import GroupFamilies
 from kvscope.agent.tap.exchange import Exchange
-from kvscope.core.signals import Labels, Sample, make_labels
+from kvscope.core.signals import Labels, make_labels
 
 
-class GroupSeries:
+class GroupSeries(GroupFamilies):
     """Counters and histograms of the tap's requests keyed by one label. The label values are
     bounded by the caller (a `TenantLimiter` hands them out); `labels()` keeps one label set per
     value it was given."""
 
     def __init__(self, group: str) -> None:
-        self.group = group
-        self.requests = CounterSet(f"{group}_requests_total")
-        self.errors = CounterSet(f"{group}_request_errors_total")
-        self.prompt_tokens = CounterSet(f"{group}_prompt_tokens_total")
-        self.completion_tokens = CounterSet(f"{group}_completion_tokens_total")
-        self.cached_tokens = CounterSet(f"{group}_cached_tokens_total")
-        self.request_seconds = CounterSet(f"{group}_request_seconds_total")
-        self.ttft = HistogramSet(f"{group}_ttft_seconds", GENAI_TTFT_BUCKETS)
-        self.itl = HistogramSet(f"{group}_itl_seconds", GENAI_TPOT_BUCKETS)
+        super().__init__(group)
         self._labels: dict[str, Labels] = {}
 
     def labels(self, value: str) -> Labels:
@@ -56,19 +48,3 @@ class GroupSeries:
         if ex.first_token is not None and ex.outcome == "ok" and ex.status < 400:
             self.ttft.observe(lab, ex.first_token - ex.start)
             self.itl.observe(lab, *ex.gaps)
-
-    def render(self, timestamp: float | None = None) -> list[Sample]:
-        """Every family's samples."""
-        out: list[Sample] = []
-        for fam in (
-            self.requests,
-            self.errors,
-            self.prompt_tokens,
-            self.completion_tokens,
-            self.cached_tokens,
-            self.request_seconds,
-            self.ttft,
-            self.itl,
-        ):
-            out.extend(fam.render(timestamp))
-        return out

@@ -29,7 +29,7 @@ import msgspec
 from kvscope.agent.config import split_host_port
 from kvscope.agent.metricsets import CounterSet
 from kvscope.agent.serve.export import canonical_families
-from kvscope.agent.serve.limits import Refused, connection_cap, http_answer
+from kvscope.agent.serve.limits import Refused, connection_cap, http_answer, worth_a_warning
 from kvscope.agent.tap.exchange import Exchange
 from kvscope.agent.tap.forward import Forward
 from kvscope.agent.tap.groups import GroupSeries
@@ -206,7 +206,7 @@ class RequestTap:
         if len(self._clients) < self.max_connections:
             return Downstream(self._on_request, self._clients, self.config.max_request_bytes)
         self.stats["connections_refused"] += 1
-        if self.stats["connections_refused"] in (1, 10, 100) or self.stats["connections_refused"] % 1000 == 0:
+        if worth_a_warning(self.stats["connections_refused"]):
             log.warning(
                 "tap: %d client connections open (max_connections); %d refused with 503 so far",
                 len(self._clients),
@@ -252,14 +252,14 @@ class RequestTap:
         doc = parse_json_object(req.body) if req.method == "POST" and req.path in ACCOUNTED_PATHS else None
         ex, body, injected = None, req.body, False
         if doc is not None:
-            ex = self._begin(req, doc)
+            ex = self._begin(req)
             if doc.get("stream") is True and self.config.inject_usage and not _asks_usage(doc):
                 body, injected = render_with_usage(req.body, doc), True
         target = self.targets[ex.replica if ex else self.config.upstreams[0]]
         wire = render_request(req.method, target.prefix + req.target, target.host, upstream_headers(req, ex), body)
         Forward(self, conn, req, ex, doc, injected, target, wire).start()
 
-    def _begin(self, req: Request, doc: dict[str, Any]) -> Exchange:
+    def _begin(self, req: Request) -> Exchange:
         """What the request needs before it goes upstream: its trace context and replica. Who sent
         it (`identify`) is worked out after it went, so that work never delays the engine."""
         trace_id, parent = parse_traceparent(req.headers.get("traceparent")) or (_hex(16), "")

@@ -57,10 +57,11 @@ def classify_event(event: bytes) -> Event:
 
 
 def parse_json_object(body: bytes) -> dict[str, Any] | None:
-    """The JSON object in body, None if it is not one (pure)."""
+    """The JSON object in body, None if it is not one, nested past msgspec's depth limit included
+    (pure)."""
     try:
         doc = _DECODER.decode(body)
-    except (msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
     return doc if isinstance(doc, dict) else None
 

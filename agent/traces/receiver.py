@@ -21,7 +21,17 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from kvscope.agent.collectors.base import Collection, Health, register_collector
-from kvscope.agent.config import ConfigError, parse_bytes, register_section, split_host_port
+from kvscope.agent.config import (
+    ConfigError,
+    Key,
+    address_value,
+    count_key,
+    duration_key,
+    register_section,
+    section_values,
+    size_key,
+    split_host_port,
+)
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.ratelog import warn_every
 from kvscope.agent.serve.site import HttpSite
@@ -30,7 +40,6 @@ from kvscope.agent.traces.otlp import JSON, OtlpDecodeError, decompress, parse_o
 from kvscope.agent.traces.stitch import RequestRecord, StitchConfig, TraceStitcher, observe_phases
 from kvscope.agent.traces.tenants import TenantAccounting
 from kvscope.core.resolve import Connector
-from kvscope.core.scalars import parse_duration
 
 log = logging.getLogger("kvscope.traces")
 
@@ -55,6 +64,21 @@ class OtlpConfig:
         return split_host_port(self.listen)
 
 
+_LISTEN = Key("otlp.listen", OtlpConfig.listen)
+_STITCH_KEYS = (  # what each key means: docs/requests.md §1
+    count_key("otlp.max_traces", StitchConfig.max_traces, 1, 1_000_000),
+    count_key("otlp.max_spans_per_trace", StitchConfig.max_spans_per_trace, 1, 100_000),
+    duration_key("otlp.settle_s", StitchConfig.settle_s, "0s", "1h"),
+    duration_key("otlp.ttl_s", StitchConfig.ttl_s, "100ms", "1d"),
+)
+_KEYS = (
+    size_key("otlp.max_body_bytes", OtlpConfig.max_body_bytes, "1KiB", "1GiB"),
+    duration_key("otlp.forward_timeout_s", OtlpConfig.forward_timeout_s, "100ms", "1h"),
+    count_key("otlp.max_tenants", OtlpConfig.max_tenants, 1, 10_000),
+    duration_key("otlp.fairness_window_s", OtlpConfig.fairness_window_s, "1s", "1d"),
+)
+
+
 def parse_otlp_config(raw: Any) -> OtlpConfig:
     """Validate the `otlp` YAML section; raises ConfigError naming the key."""
     raw = raw or {}
@@ -64,31 +88,20 @@ def parse_otlp_config(raw: Any) -> OtlpConfig:
     known = {f.name for f in fields(OtlpConfig) + fields(StitchConfig)} - inner
     if unknown := sorted(set(raw) - known):
         raise ConfigError(f"otlp: unknown keys {unknown}; allowed: {sorted(known)}")
-    listen = str(raw.get("listen", "127.0.0.1:4318"))
-    if not listen.rpartition(":")[2].isdigit():
-        raise ConfigError(f"otlp.listen: must be host:port, got {listen!r}")
+    listen = address_value(_LISTEN, raw.get(_LISTEN.name, _LISTEN.default))
     labels = raw.get("service_labels") or {}
     if not isinstance(labels, dict) or not all(isinstance(v, dict) for v in labels.values()):
         raise ConfigError("otlp.service_labels: must map service.name -> {label: value}")
-    max_tenants = raw.get("max_tenants", 50)
-    if isinstance(max_tenants, bool) or not isinstance(max_tenants, int) or max_tenants < 1:
-        raise ConfigError(f"otlp.max_tenants: must be a positive integer, got {max_tenants!r}")
     stitch = StitchConfig(
-        max_traces=int(raw.get("max_traces", 10_000)),
-        max_spans_per_trace=int(raw.get("max_spans_per_trace", 512)),
-        settle_s=parse_duration(raw.get("settle_s", 1.0), loose=True),
-        ttl_s=parse_duration(raw.get("ttl_s", 30.0), loose=True),
+        **section_values(raw, _STITCH_KEYS),
         service_labels={str(k): {str(a): str(b) for a, b in v.items()} for k, v in labels.items()},
     )
     return OtlpConfig(
         listen=listen,
-        max_body_bytes=parse_bytes(raw.get("max_body_bytes", 8 << 20)),
         forward_url=raw.get("forward_url"),
         stitched_url=raw.get("stitched_url"),
-        forward_timeout_s=parse_duration(raw.get("forward_timeout_s", 5.0), loose=True),
         stitch=stitch,
-        max_tenants=max_tenants,
-        fairness_window_s=parse_duration(raw.get("fairness_window_s", 300), loose=True),
+        **section_values(raw, _KEYS),
     )
 
 
@@ -106,8 +119,7 @@ class OtlpTraceReceiver:
         if isinstance(config, OtlpConfig) or config is None:
             self.config: OtlpConfig | None = config or OtlpConfig()
         else:
-            section = getattr(config, "extensions", {}).get("otlp")
-            self.config = section if isinstance(section, OtlpConfig) or section is None else parse_otlp_config(section)
+            self.config = config.extensions.get("otlp")  # parsed by build_config (register_section)
         self.limits = getattr(config, "server_limits", None)  # the agent's `server.*` keys
         cfg = self.config or OtlpConfig()
         self.stitcher = TraceStitcher(cfg.stitch, clock=clock)

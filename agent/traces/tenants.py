@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from kvscope.agent.metricsets import GENAI_TTFT_BUCKETS, CounterSet, HistogramSet
+from kvscope.agent.metricsets import GroupFamilies
 from kvscope.agent.tenants import TenantLimiter
 from kvscope.agent.traces.stitch import RequestRecord
 from kvscope.core.signals import Sample, make_labels
@@ -22,10 +22,7 @@ class TenantAccounting:
 
     def __init__(self, max_tenants: int = 50) -> None:
         self.limiter = TenantLimiter(max_tenants)
-        self.requests = CounterSet("tenant_requests_total")
-        self.prompt_tokens = CounterSet("tenant_prompt_tokens_total")
-        self.cached_tokens = CounterSet("tenant_cached_tokens_total")
-        self.ttft = HistogramSet("tenant_ttft_seconds", GENAI_TTFT_BUCKETS)
+        self.series = GroupFamilies("tenant")  # the tap's tenant families; spans fill four of them
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -40,19 +37,19 @@ class TenantAccounting:
         lab = make_labels(
             {"tenant": self.limiter.label(record.tenant)} | ({"instance": record.instance} if record.instance else {})
         )
+        series = self.series
         with self._lock:
-            self.requests.inc(lab)
+            series.requests.inc(lab)
             if record.prompt_tokens is not None:
-                self.prompt_tokens.inc(lab, record.prompt_tokens)
+                series.prompt_tokens.inc(lab, record.prompt_tokens)
             if record.cached_tokens is not None:
-                self.cached_tokens.inc(lab, record.cached_tokens)
+                series.cached_tokens.inc(lab, record.cached_tokens)
             if record.ttft_s is not None:
-                self.ttft.observe(lab, record.ttft_s)
+                series.ttft.observe(lab, record.ttft_s)
         self.stats["accounted"] += 1
         return True
 
     def render(self, timestamp: float | None = None) -> list[Sample]:
         """The tenant series (cumulative; absent families render nothing)."""
         with self._lock:
-            fams = (self.requests, self.prompt_tokens, self.cached_tokens, self.ttft)
-            return [s for fam in fams for s in fam.render(timestamp)]
+            return self.series.render(timestamp)

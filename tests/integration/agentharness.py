@@ -18,7 +18,7 @@ from aiohttp import web
 from kvscope.agent.api import AgentServer
 from kvscope.agent.config import build_config
 from kvscope.agent.derive.hooks import derive_hooks
-from kvscope.agent.runtime import AgentRuntime, build_collectors
+from kvscope.agent.runtime import AgentRuntime, build_collectors, load_collector_modules
 from kvscope.agent.scrape.exposition import Exposition, parse_exposition
 from kvscope.agent.serve.site import HttpSite
 from testbed.procs import start_reporting_port
@@ -51,6 +51,7 @@ async def running_agent(
     (host and GPU readings would make the output machine-dependent), unless given. The derive
     hooks are the agent's own (agent/derive/hooks.py).
     """
+    load_collector_modules()  # as `kvscope agent` does: the otlp, tap and kv_events sections register
     config = build_config(doc, environ={}, flags=[])
     if collectors is None:
         collectors = [c for c in build_collectors(config) if c.name in only]

@@ -463,6 +463,42 @@ def test_config_values_out_of_range_are_refused_naming_the_key(text, key):
         build_config(parse_config_yaml(text.encode(), "--config x.yaml"), environ={}, flags=[])
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # a bare ValueError that named no key, and a negative ttl that was accepted
+        ("otlp: {settle_s: abc}\n", 'otlp.settle_s: must be a duration from 0s to 1h, got "abc"'),
+        ("otlp: {ttl_s: -5}\n", "otlp.ttl_s: must be a duration from 100ms to 1d, got -5"),
+        ("otlp: {max_traces: 0}\n", "otlp.max_traces: must be an integer from 1 to 1000000, got 0"),
+        # was "invalid literal for int()"
+        (
+            "tap: {upstreams: http://e:8000, max_tenants: x}\n",
+            'tap.max_tenants: must be an integer from 1 to 10000, got "x"',
+        ),
+        (
+            "tap: {upstreams: http://e:8000, block_chars: 0}\n",
+            "tap.block_chars: must be an integer from 1 to 1048576, got 0",
+        ),
+        ("otlp_push: {timeout_s: 1e9}\n", 'otlp_push.timeout_s: must be a duration > 0 and < 1d, got "1e9"'),
+        # a port past 65535 was accepted for both listeners; an upstream without a host failed later
+        ("otlp: {listen: 'h:99999'}\n", 'otlp.listen: must be host:port (e.g. 127.0.0.1:4318), got "h:99999"'),
+        (
+            "tap: {upstreams: http://e:8000, listen: 'h:99999'}\n",
+            'tap.listen: must be host:port (e.g. 127.0.0.1:8001), got "h:99999"',
+        ),
+        ("tap: {upstreams: 'http://'}\n", "tap.upstreams: needs one or more http(s):// base URLs, got 'http://'"),
+    ],
+)
+def test_extension_section_values_are_refused_naming_the_key(text, message):
+    import kvscope.agent.otel.push
+    import kvscope.agent.tap.collector
+    import kvscope.agent.traces.receiver  # noqa: F401  (each registers its section)
+    from kvscope.agent.config import ConfigError, parse_config_yaml
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_config(parse_config_yaml(text.encode(), "--config x.yaml"), environ={}, flags=[])
+
+
 def test_agent_refuses_a_1ms_interval_at_start():
     """The real command: exit 2 and one line naming the flag's key, before anything runs."""
     import subprocess

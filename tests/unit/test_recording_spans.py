@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import tracemalloc
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from kvscope.agent.recording.replay import (
+    MAX_SPAN_LINE,
     Replay,
     parse_span_line,
     read_spans,
@@ -75,6 +77,21 @@ def test_read_spans_skips_and_counts_bad_lines(tmp_path):
     assert issues == Counter({"bad_line": 1})
     spans, issues = read_spans(path, max_spans=1)
     assert len(spans) == 1 and issues == Counter({"truncated": 1})
+
+
+def test_an_over_long_sidecar_line_is_skipped_and_counted_without_reading_it_whole(tmp_path):
+    path = tmp_path / "r.spans.jsonl"
+    with path.open("wb") as f:
+        f.write(b"x" * (16 * MAX_SPAN_LINE) + b"\n")
+        f.write(json.dumps(_span("c" * 32, "vllm-r0", 11.0)).encode() + b"\n")
+    tracemalloc.start()
+    try:
+        spans, issues = read_spans(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [s.trace_id[0] for s in spans] == ["c"] and issues == Counter({"line_too_long": 1})
+    assert peak < 8 * MAX_SPAN_LINE  # read in bounded pieces, not as one 16 MiB line
 
 
 def test_spans_path_for_finds_the_sidecar_next_to_the_recording(tmp_path):

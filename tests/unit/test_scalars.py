@@ -71,7 +71,7 @@ def test_tap_inject_usage_false_as_text_is_false():
     """`inject_usage: "false"` (or KVSCOPE-style text) was bool("false"), i.e. True."""
     cfg = parse_tap_config({"upstreams": "http://e:8000", "inject_usage": "false"})["tap"]
     assert cfg.inject_usage is False
-    with pytest.raises(ConfigError, match="tap: not a boolean"):
+    with pytest.raises(ConfigError, match='tap.inject_usage: must be true or false, got "sometimes"'):
         parse_tap_config({"upstreams": "http://e:8000", "inject_usage": "sometimes"})
 
 

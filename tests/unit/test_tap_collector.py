@@ -6,7 +6,7 @@ import types
 import aiohttp
 import pytest
 
-from kvscope.agent.config import ConfigError
+from kvscope.agent.config import ConfigError, build_config
 from kvscope.agent.derive.fairness import fairness_hook
 from kvscope.agent.tap.collector import TapCollector, parse_tap_config
 from tests.unit.test_tap_proxy import Stub
@@ -32,8 +32,8 @@ def test_collector_serves_and_reports_tenant_and_fairness_series():
     async def main():
         stub = Stub()
         await stub.start()
-        cfg = types.SimpleNamespace(
-            extensions={"tap": {"upstreams": [f"http://127.0.0.1:{stub.port}"], "listen": "127.0.0.1:0"}}
+        cfg = build_config(
+            {"tap": {"upstreams": [f"http://127.0.0.1:{stub.port}"], "listen": "127.0.0.1:0"}}, environ={}
         )
         c = TapCollector(cfg)
         try:

@@ -128,13 +128,11 @@ def test_a_request_of_one_token_or_no_first_token_is_judged_as_documented():
 
 
 def test_the_agents_objectives_reach_the_tap_it_runs():
-    import types
-
+    from kvscope.agent.config import build_config
     from kvscope.agent.tap.collector import TapCollector
 
     objectives = ObjectiveSet(Objectives(ttft=2.0, tpot=0.05))
-    cfg = types.SimpleNamespace(
-        extensions={"tap": {"upstreams": ["http://127.0.0.1:9"], "listen": "127.0.0.1:0"}}, objectives=objectives
-    )
+    cfg = build_config({"tap": {"upstreams": ["http://127.0.0.1:9"], "listen": "127.0.0.1:0"}}, environ={})
+    cfg.objectives = objectives
     tap = TapCollector(cfg).tap
     assert tap is not None and tap.config.objectives == objectives

@@ -5,7 +5,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscope.agent.tap.sse import SseScanner
+from kvscope.agent.tap.sse import SseScanner, parse_json_object
 
 
 def tok(text="t"):
@@ -71,6 +71,15 @@ def test_pretty_printed_or_multi_line_events_take_the_decoding_path():
     multi = b'data: {"choices":[],\ndata: "usage":{"prompt_tokens":5}}\n\n'
     assert s.feed(spaced + multi, 2.0) == spaced  # multi-line usage-only event is dropped too
     assert s.gaps == [1.0] and s.usage == {"prompt_tokens": 5}
+
+
+def test_deeply_nested_json_is_passed_on_as_not_an_object():
+    # msgspec raises RecursionError past its depth limit; it must not escape the upstream read
+    deep = b"data: " + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"\n\n"
+    s = SseScanner(drop_usage=True)
+    assert s.feed(deep + tok(), 1.0) == deep + tok()
+    assert s.usage is None and s.first_token == 1.0
+    assert parse_json_object(b"[" * 5000 + b"]" * 5000) is None
 
 
 @settings(max_examples=200, deadline=None)
