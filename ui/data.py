@@ -11,7 +11,6 @@ import json
 import os
 import re
 import time
-import zlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -191,8 +190,6 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
         diagnosis = attach(diagnose(frame, source=recording.description), curves)
     except (SourceError, ValueError) as exc:  # ValueError: over the grid's bounds (diagnoser/evaluate/frame.py)
         raise SourceError(f"recording {path} could not be read: {exc}") from exc
-    except (EOFError, zlib.error) as exc:  # a gzip cut short (recorder killed mid-write)
-        raise SourceError(f"recording {path} is truncated or corrupt: {exc}") from exc
     return TriageData(
         source,
         diagnosis,

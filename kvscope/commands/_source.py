@@ -8,7 +8,6 @@ import argparse
 import math
 import sys
 import time
-import zlib
 from typing import TYPE_CHECKING, Any
 
 from kvscope.commands._checks import check_http_url, parse_seconds, parse_time, source_hint
@@ -83,10 +82,8 @@ def window(args: argparse.Namespace, since: float, lattice: float | None) -> tup
 
 
 def unread(args: argparse.Namespace, exc: Exception) -> str:
-    """Why the source could not be read (a SourceError, or a recording's gzip cut short: EOFError,
-    zlib.error); for --prometheus or --agent with the hint `source_hint` gives."""
-    if isinstance(exc, EOFError | zlib.error):
-        return f"recording {args.recording} is truncated or corrupt: {exc}"
+    """Why the source could not be read (a SourceError); for --prometheus or --agent with the hint
+    `source_hint` gives."""
     url = args.prometheus or args.agent
     return source_hint("prometheus" if args.prometheus else "agent", url, str(exc)) if url else str(exc)
 

@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     steps = Stages("weekly report", 4, enabled=not args.no_progress)
     try:
         markdown, page = _report(args, steps)
-    except (OSError, ValueError, EOFError, SourceError) as exc:
+    except (OSError, ValueError, SourceError) as exc:
         steps.close()
         return fail("report", source_hint("prometheus", args.prometheus, str(exc)) if args.prometheus else exc, 4)
     try:
