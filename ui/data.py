@@ -27,7 +27,7 @@ from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding, same_place
 from kvscope.diagnoser.render import fmt_clock, fmt_time
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
-from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
+from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, lattice_end, read_window
 from kvscope.report.render import GROUP_COLUMNS as REPORT_COLUMNS
 from kvscope.report.weekly.groups import group_table as shared_group_table
 from kvscope.report.weekly.series import GROUP_COUNTERS, columns
@@ -213,7 +213,7 @@ def live_curves(source: SourceSpec, step_s: float = 15.0, recorded: bool = False
     from kvscope.diagnoser.curve.report import window_curves
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
-    end = source.end or time.time() // step_s * step_s
+    end = source.end or lattice_end(step_s)
     try:
         prometheus = PrometheusSource(source.location)
         if recorded:
@@ -236,9 +236,8 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
     reader: PrometheusSource | AgentSource
     rules = list(shipped_rules().values())
     names = set().union(*(sample_names(r) for r in rules)) | set(GOODPUT_COUNTS)  # the Tenants page's goodput
-    end = source.end or time.time()
-    if source.kind == "prometheus" and not source.end:
-        end = end // step_s * step_s  # on the step's lattice, as `diagnose --prometheus` asks
+    # Prometheus: on the step's lattice, as `diagnose --prometheus` asks
+    end = source.end or (lattice_end(step_s) if source.kind == "prometheus" else time.time())
     try:
         if source.kind == "prometheus":  # the fleet path: candidates from the TSDB, evidence where they held
             from kvscope.diagnoser.pushdown.run import diagnose_fleet
@@ -463,6 +462,13 @@ def window_text(start: float, end: float) -> str:
     if first[:10] == last[:10]:
         last = last[11:]
     return f"{first.removesuffix(' UTC')} → {last} ({fmt_duration(end - start)})"
+
+
+def when_text(f: Finding) -> str:
+    """When a finding held (`window_text`, the date said again where it ends on another day) and
+    whether it still does: a card's **When**."""
+    state = "still active at the end of the window" if f.active else "ended"
+    return f"{window_text(f.since, f.until)}, {state}"
 
 
 def _latest(frame: Frame, name: str, group: str) -> pd.Series:

@@ -32,6 +32,8 @@ from kvscope.ui.data import (
     evidence_charts,
     evidence_table,
     timeline,
+    when_text,
+    window_text,
 )
 
 CARDS_SHOWN = 20
@@ -46,7 +48,7 @@ def render(data: TriageData, link: AlertLink | None = None) -> None:
     hypotheses, the timeline, other findings and the rules not evaluated, in that order."""
     d = data.diagnosis
     st.title("kvscope triage")
-    st.caption(f"{d.source} · window {fmt_time(d.window[0])} → {fmt_time(d.window[1])} · {counts_caption(d)}")
+    st.caption(f"{d.source} · window {window_text(*d.window)} · {counts_caption(d)}")
     if link is not None:
         render_alert(data, link)
     if scale_note(d):
@@ -224,11 +226,7 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
     st.markdown(f"**What:** {what_text(f)}")
     confidence = f"**Confidence:** {confidence_text(f)}"
     (st.warning if f.confidence != "high" else st.markdown)(confidence)
-    state = "still active at the end of the window" if f.active else "ended"
-    st.markdown(
-        f"**Where:** `{fmt_where(f.where)}` · **When:** {fmt_time(f.since)} → {fmt_time(f.until)[11:]} "
-        f"({fmt_duration(f.until - f.since)}, {state}) · **Rule:** `{f.rule_id}`"
-    )
+    st.markdown(f"**Where:** `{fmt_where(f.where)}` · **When:** {when_text(f)} · **Rule:** `{f.rule_id}`")
     if f.cascade:
         c = f.cascade
         lead = (

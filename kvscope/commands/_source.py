@@ -5,7 +5,6 @@ and `kvscope goodput`."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -69,14 +68,15 @@ def read_source_flags(args: argparse.Namespace) -> float:
 def window(args: argparse.Namespace, since: float, lattice: float | None) -> tuple[Any, Any]:
     """(start, end) of the window the flags name (`read_source_flags` made them unix seconds):
     --start and --end as given; for a live source without --start, the `since` seconds ending at
-    --end or now, now rounded down to a multiple of `lattice` where one is given (as Grafana asks:
-    TSDBs that align queries for their caches, VictoriaMetrics and query frontends, answer at the
-    times asked). A recording or a log without them: None (its whole span); typed as argparse's
+    --end or now, now rounded down to a multiple of `lattice` where one is given (`lattice_end`).
+    A recording or a log without them: None (its whole span); typed as argparse's
     values are, the live paths reading them as floats."""
+    from kvscope.diagnoser.sources.window import lattice_end
+
     start, end = args.start, args.end
     if start is None and not (args.recording or getattr(args, "log", None)):
         if end is None:
-            end = math.floor(time.time() / lattice) * lattice if lattice else time.time()
+            end = lattice_end(lattice) if lattice else time.time()
         start = end - since
     return start, end
 
