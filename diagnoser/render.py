@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -249,6 +250,20 @@ def series_cells(f: Finding) -> tuple[list[str], list[str]]:
     return cells, notes
 
 
+def threshold_text(ev: Evidence) -> str:
+    """'>= 90.0%': the evidence's comparison and threshold in its unit ('' where it has none)."""
+    if ev.threshold is None:
+        return ""
+    return f"{ev.op or ''} {fmt_value(replace(ev, value=ev.threshold))}".strip()
+
+
+def evidence_rows(f: Finding) -> list[tuple[str, str, str, str, str]]:
+    """(evidence, value, threshold, taken, series) per shown evidence (`shown_evidence`): the
+    evidence table `kvscope diagnose` prints (its series shortened: `series_cells`) and the UI
+    shows."""
+    return [(ev.name, fmt_value(ev), threshold_text(ev), render_taken(f, ev), ev.series) for ev in shown_evidence(f)]
+
+
 def _evidence_table(f: Finding) -> Group:
     t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     t.add_column("evidence")
@@ -257,9 +272,8 @@ def _evidence_table(f: Finding) -> Group:
     t.add_column("taken")
     t.add_column("series", style="dim", overflow="fold")
     cells, notes = series_cells(f)
-    for ev, series in zip(shown_evidence(f), cells, strict=True):
-        thr = "" if ev.threshold is None else f"{ev.op} {fmt_value(Evidence('', ev.threshold, ev.unit, ''))}"
-        t.add_row(ev.name, fmt_value(ev), thr, render_taken(f, ev), series)
+    for (*row, _), series in zip(evidence_rows(f), cells, strict=True):
+        t.add_row(*row, series)
     for name, value, how in fact_rows(f):
         t.add_row(name, value, "", how, "")
     return Group(t, *(Text(note, style="dim") for note in notes))

@@ -401,29 +401,12 @@ EVIDENCE_COLUMNS = ["evidence", "value", "threshold", "taken (UTC)", "series"]
 
 
 def evidence_table(finding: Finding) -> pd.DataFrame:
-    """The finding's evidence as the UI shows it, row for row what `kvscope diagnose` prints:
-    value and threshold with their units (ratios as %, seconds as ms/s, rates as /s), absent as
-    "absent", how and when each value was taken ("peak at 07:26:47", "mean 07:25:53-07:26:57"),
-    and the series it came from. An absent engine alternative next to a present one is dropped."""
-    from dataclasses import replace
+    """The finding's evidence as the UI shows it: `kvscope diagnose`'s rows (`render.evidence_rows`:
+    value and threshold with their units, absent as "absent", how and when each value was taken),
+    with the series each came from in full."""
+    from kvscope.diagnoser.render import evidence_rows
 
-    from kvscope.diagnoser.render import render_taken, shown_evidence
-    from kvscope.diagnoser.values import fmt_value
-
-    def bound(e) -> str:  # noqa: ANN001 - Evidence
-        return "" if e.threshold is None else f"{e.op or ''} {fmt_value(replace(e, value=e.threshold))}".strip()
-
-    rows = [
-        {
-            "evidence": e.name,
-            "value": fmt_value(e),
-            "threshold": bound(e),
-            "taken (UTC)": render_taken(finding, e),
-            "series": e.series,
-        }
-        for e in shown_evidence(finding)
-    ]
-    return pd.DataFrame(rows, columns=EVIDENCE_COLUMNS)
+    return pd.DataFrame(evidence_rows(finding), columns=EVIDENCE_COLUMNS)
 
 
 def counts_caption(diagnosis: Diagnosis) -> str:
