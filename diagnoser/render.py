@@ -14,6 +14,7 @@ from rich.text import Text
 
 from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_heading, plan
 from kvscope.diagnoser.findings import (
+    CascadeInfo,
     Diagnosis,
     Evidence,
     Finding,
@@ -178,6 +179,14 @@ def _base_name(name: str) -> tuple[str, str]:
     return name, ""
 
 
+def cascade_text(c: CascadeInfo) -> str:
+    """'cascade stage 4/4: latency; the root led the latency symptom by 42s': the stage a cascade
+    reached and how long its root led the symptom (`kvscope diagnose`'s card, the triage card's and
+    the Cascade page's one wording)."""
+    lead = "" if c.lead_time_s is None else f"; the root led the latency symptom by {fmt_duration(c.lead_time_s)}"
+    return f"cascade stage {c.stage}/{c.stages_total}: {c.stage_name}{lead}"
+
+
 def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), time_scale: float = 1.0) -> Panel:
     """One finding as a card: what, where, since when, evidence, levers, citations, and the
     findings that corroborate it (same mechanism) as one-liners."""
@@ -193,9 +202,7 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
         Text(f"where: {fmt_where(f.where)}    since: {fmt_time(f.since)} ({state}, {fmt_duration(f.until - f.since)})")
     )
     if f.cascade:
-        c = f.cascade
-        lead = "" if c.lead_time_s is None else f"; the root led the latency symptom by {fmt_duration(c.lead_time_s)}"
-        rows.append(Text(f"cascade stage {c.stage}/{c.stages_total}: {c.stage_name}{lead}", style="bold"))
+        rows.append(Text(cascade_text(f.cascade), style="bold"))
     rows.append(_evidence_table(f))
     for line in baseline_lines(f, time_scale):
         rows.append(Text(f"compared with its earlier level: {line}", style="dim"))

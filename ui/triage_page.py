@@ -12,6 +12,7 @@ from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_
 from kvscope.diagnoser.findings import Finding
 from kvscope.diagnoser.render import (
     baseline_lines,
+    cascade_text,
     confidence_text,
     fact_rows,
     fmt_duration,
@@ -228,15 +229,9 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
     (st.warning if f.confidence != "high" else st.markdown)(confidence)
     st.markdown(f"**Where:** `{fmt_where(f.where)}` · **When:** {when_text(f)} · **Rule:** `{f.rule_id}`")
     if f.cascade:
-        c = f.cascade
-        lead = (
-            f"the root (KV full) led the latency symptom by {c.lead_time_s:.0f} s"
-            if c.lead_time_s is not None
-            else "the latency symptom was not reached"
-        )
         st.markdown(
-            f"**Cascade:** stage {c.stage} of {c.stages_total} reached ({c.stage_name}) on the path KV full → "
-            f"preemption → queueing → TTFT (Sizing LLM Inference for Production §7.4); {lead}."
+            f"**Cascade:** {cascade_text(f.cascade)} (on the path KV full → preemption → queueing → TTFT, "
+            "Sizing LLM Inference for Production §7.4)."
         )
     render_actions(f)
     if f.evidence:
