@@ -136,7 +136,9 @@ def trap_lines(week: WeekStats, attribution: str = "") -> list[str]:
     return lines
 
 
-def _table(df: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str) -> list[list[str]]:
+def format_table(df: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str) -> list[list[str]]:
+    """`df` as rows of text: a header (`index_name`, then the label of each of `columns` that `df`
+    holds), then per row its index and each value formatted by the column's kind (`fmt`)."""
     head = [index_name] + [label for c, (label, _) in columns.items() if c in df]
     return [head] + [
         [str(k)] + [fmt(r[c], kind) for c, (_, kind) in columns.items() if c in df] for k, r in df.iterrows()
@@ -183,10 +185,12 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     trap = trap_lines(report.this, report.attribution)
     out: list[tuple[str, list[list[str]] | list[str]]] = [("Fleet", fleet), ("Utilisation", trap)]
     if not report.this.pools.empty:
-        out.append(("Per model / pool", _table(report.this.pools, pool_columns(report.objectives), "Pool")))
+        out.append(("Per model / pool", format_table(report.this.pools, pool_columns(report.objectives), "Pool")))
     tenants, adapters = report.this.tenants, report.this.adapters
-    out.append(("Tenants", [NO_TENANTS] if tenants.empty else _table(tenants, GROUP_COLUMNS, "Tenant")))
-    out.append(("Adapters", [NO_ADAPTERS] if adapters.empty else _table(adapters, GROUP_COLUMNS, "Adapter (model)")))
+    out.append(("Tenants", [NO_TENANTS] if tenants.empty else format_table(tenants, GROUP_COLUMNS, "Tenant")))
+    out.append(
+        ("Adapters", [NO_ADAPTERS] if adapters.empty else format_table(adapters, GROUP_COLUMNS, "Adapter (model)"))
+    )
     out += _efficiency_sections(report)
     out.append((CHANGES_TITLE, _changes_rows(report.changes)))
     rows: list[list[str]] | list[str] = [no_findings_text(report)]
