@@ -102,7 +102,6 @@ class TriageData:
     source: SourceSpec
     diagnosis: Diagnosis
     frame: Frame
-    engines: dict[str, str | None] = field(default_factory=dict)
     cascades: dict = field(default_factory=dict)  # instance -> agent.derive.cascade.CascadeReport
     series: Frame | None = None  # the report's window (report/weekly.py), for the efficiency page
     notes: list[str] = field(default_factory=list)  # what reading the source left out, and why
@@ -121,7 +120,7 @@ def load_triage(source: SourceSpec, step_s: float | None = None) -> TriageData:
     if source.kind == "recording":
         return _from_recording(source, step_s)
     if source.kind in ("prometheus", "agent"):
-        return _from_remote(source, step_s or 15.0)
+        return _from_remote(source, step_s or DEFAULT_STEP_S)
     raise SourceError(f"unknown source kind {source.kind!r}; use one of {KINDS}")
 
 
@@ -194,7 +193,6 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
         source,
         diagnosis,
         frame,
-        dict(replay.engines),
         evaluate_cascade(replay.samples),
         report_window(SamplesSource(replay.samples, recording.description, carry=False)),
         list(replay.notes),
@@ -202,23 +200,23 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
     )
 
 
-def live_curves(source: SourceSpec, step_s: float = 15.0, recorded: bool = False) -> list[PoolCurve]:
+def live_curves(source: SourceSpec, recorded: bool = False) -> list[PoolCurve]:
     """Each pool's curve over a Prometheus source's window (the triage page's: the last `since_s`
     seconds ending at `end` or now), read as `kvscope curve --prometheus` reads it: the curve's
     series in full through the one window reader, at the TSDB's scrape interval (`curve_step`,
-    `step_s` where it cannot say); with `recorded`, from kvscope's curve records as `kvscope curve
+    DEFAULT_STEP_S where it cannot say); with `recorded`, from kvscope's curve records as `kvscope curve
     --recorded` (changes judged from the records). The fleet path reads none with the diagnosis; an agent's and a
     recording's are read with it (`TriageData.curves`). Raises SourceError with a readable reason."""
     from kvscope.diagnoser.curve.recorded import recorded_curves, settings_reader
     from kvscope.diagnoser.curve.report import window_curves
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
-    end = source.end or lattice_end(step_s)
+    end = source.end or lattice_end(DEFAULT_STEP_S)
     try:
         prometheus = PrometheusSource(source.location)
         if recorded:
             return recorded_curves(prometheus.client, end - source.since_s, end, settings=settings_reader(prometheus))
-        return window_curves(prometheus, end - source.since_s, end, step_s)
+        return window_curves(prometheus, end - source.since_s, end, DEFAULT_STEP_S)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read for the curve: {exc}") from exc
 

@@ -25,7 +25,6 @@ def add_source_flags(
     since: str,
     log: bool = True,
     end_help: str = END_HELP,
-    timeout_help: str = "--prometheus/--agent: seconds one HTTP query may take, connect to last byte",
 ) -> None:
     """One source (--recording, --prometheus, --agent and, with `log`, --log), the window (--since,
     default `since`; --start, --end), --timeout and the recording caps; read by `read_source_flags`."""
@@ -42,7 +41,13 @@ def add_source_flags(
         "--start", metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)"
     )
     parser.add_argument("--end", metavar="TIME", help=end_help)
-    parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help=timeout_help)
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="--prometheus/--agent: seconds one HTTP query may take, connect to last byte",
+    )
     add_recording_cap_flags(parser)
 
 
