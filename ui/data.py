@@ -22,7 +22,7 @@ import pandas as pd
 
 from kvscope.core.objectives import ObjectiveSet
 from kvscope.core.resolve import in_daemon
-from kvscope.core.signals import Labels, load_catalog
+from kvscope.core.signals import Labels, load_catalog, signal_of
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding, same_place
 from kvscope.diagnoser.render import fmt_clock, fmt_time
@@ -495,7 +495,7 @@ GROUP_SAMPLES = {
     f"{group}_{name}"
     for group in ("tenant", "adapter")
     for name in (*GROUP_COUNTERS, *LATEST)
-    if re.sub("_(bucket|sum|count)$", "", f"{group}_{name}") in load_catalog().signals
+    if signal_of(f"{group}_{name}", load_catalog()) in load_catalog().signals
 }
 """The sample names the tenant and adapter tables read (those the catalog has), read from a live
 agent beside the rules'."""
