@@ -399,14 +399,13 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
     )
     if note := scale_note(d):
         console.print(note, style="yellow", markup=False)
-    supporting = d.supporting
     if d.likely_cause is None:
         console.print(render_not_fired(d), style="yellow" if d.skipped else "green")
     else:
-        console.print(render_card(d.likely_cause, "LIKELY CAUSE", supporting, d.time_scale))
+        console.print(render_card(d.likely_cause, "LIKELY CAUSE", d.supporting, d.time_scale))
     for f in d.hypotheses:
         console.print(render_card(f, "COMPETING HYPOTHESIS (different mechanism)", (), d.time_scale))
-    _print_other(console, tuple(f for f in d.other if all(f is not g for g in supporting)))
+    _print_other(console, d.other_than_supporting)
     _print_changes(console, d)
     if verbose and d.time_scale < 1 and d.scale_changes is not None:
         console.print(_scale_verbose(d), style="dim")

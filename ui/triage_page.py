@@ -65,11 +65,9 @@ def render(data: TriageData, link: AlertLink | None = None) -> None:
     if d.findings:
         st.header("Timeline")
         render_timeline(d)
-    support = set(id(f) for f in d.supporting)
-    other = [f for f in d.other if id(f) not in support]
-    if other:
+    if d.other_than_supporting:
         st.header("Other findings")
-        render_cards(data, other, "other")
+        render_cards(data, d.other_than_supporting, "other")
     if d.skipped:
         with st.expander(f"Rules not evaluated ({len(d.skipped)})"):
             st.dataframe(
