@@ -8,7 +8,7 @@ same specs, so what is checked is exactly what is shipped.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import attr
 from attr.validators import instance_of
@@ -84,7 +84,6 @@ class Board:
     tenant_var: bool = False
     slo_vars: bool = False
     cost_var: bool = False
-    tags: tuple[str, ...] = field(default=())
 
     def panels(self) -> list[Panel]:
         return [p for r in self.rows for p in r.panels]
@@ -110,7 +109,7 @@ def render_board(board: Board) -> Dashboard:
         uid=board.uid,
         description=board.description,
         panels=panels,
-        tags=[style.TAG, *board.tags],
+        tags=[style.TAG],
         timezone="utc",
         refresh="30s",
         time=Time("now-1h", "now"),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from kvscope.core.signals import HISTOGRAM_SUFFIXES, Catalog, load_catalog
+from kvscope.core.signals import Catalog, load_catalog, signal_of
 from kvscope.dashboards.board import Board, Panel
 from kvscope.dashboards.queries import KVSCOPE_PREFIX
 
@@ -78,14 +78,15 @@ class QueryLinter:
         return "gauge" if base in AGENT_SERIES else self._catalog_kind(base)
 
     def _catalog_kind(self, base: str) -> str | None:
-        sig = self.catalog.signals.get(base)
-        if sig is not None and sig.kind != "histogram":
-            return sig.kind
-        for suffix in HISTOGRAM_SUFFIXES:
-            hist = self.catalog.signals.get(base.removesuffix(suffix))
-            if base.endswith(suffix) and hist is not None and hist.kind == "histogram":
-                return "histogram_part"
-        return None
+        """A catalog signal's kind; "histogram_part" for a histogram's _bucket/_sum/_count (a
+        histogram's bare name is no series); None where the catalog has no such signal."""
+        name = signal_of(base, self.catalog)
+        sig = self.catalog.signals.get(name)
+        if sig is None:
+            return None
+        if name == base:
+            return None if sig.kind == "histogram" else sig.kind
+        return "histogram_part" if sig.kind == "histogram" else None
 
     def lint_expr(self, expr: str) -> list[tuple[str, str]]:
         """(rule, detail) pairs for one expression."""

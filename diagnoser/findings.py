@@ -188,6 +188,13 @@ class Diagnosis:
         support = set(id(f) for f in self.supporting)
         return tuple(f for f in self.competing if id(f) not in support)
 
+    @property
+    def other_than_supporting(self) -> tuple[Finding, ...]:
+        """The other findings that do not support the likely cause (`supporting` lists those):
+        the "other findings" every reader shows after the hypotheses."""
+        support = set(id(f) for f in self.supporting)
+        return tuple(f for f in self.other if id(f) not in support)
+
     def exit_status(self) -> int:
         """0 = nothing warning/critical fired, 1 = warning, 2 = critical."""
         return max((SEVERITY_RANK[f.severity] for f in self.findings), default=0)

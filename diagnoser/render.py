@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -13,6 +14,7 @@ from rich.text import Text
 
 from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_heading, plan
 from kvscope.diagnoser.findings import (
+    CascadeInfo,
     Diagnosis,
     Evidence,
     Finding,
@@ -177,6 +179,14 @@ def _base_name(name: str) -> tuple[str, str]:
     return name, ""
 
 
+def cascade_text(c: CascadeInfo) -> str:
+    """'cascade stage 4/4: latency; the root led the latency symptom by 42s': the stage a cascade
+    reached and how long its root led the symptom (`kvscope diagnose`'s card, the triage card's and
+    the Cascade page's one wording)."""
+    lead = "" if c.lead_time_s is None else f"; the root led the latency symptom by {fmt_duration(c.lead_time_s)}"
+    return f"cascade stage {c.stage}/{c.stages_total}: {c.stage_name}{lead}"
+
+
 def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), time_scale: float = 1.0) -> Panel:
     """One finding as a card: what, where, since when, evidence, levers, citations, and the
     findings that corroborate it (same mechanism) as one-liners."""
@@ -192,9 +202,7 @@ def render_card(f: Finding, heading: str, supporting: tuple[Finding, ...] = (), 
         Text(f"where: {fmt_where(f.where)}    since: {fmt_time(f.since)} ({state}, {fmt_duration(f.until - f.since)})")
     )
     if f.cascade:
-        c = f.cascade
-        lead = "" if c.lead_time_s is None else f"; the root led the latency symptom by {fmt_duration(c.lead_time_s)}"
-        rows.append(Text(f"cascade stage {c.stage}/{c.stages_total}: {c.stage_name}{lead}", style="bold"))
+        rows.append(Text(cascade_text(f.cascade), style="bold"))
     rows.append(_evidence_table(f))
     for line in baseline_lines(f, time_scale):
         rows.append(Text(f"compared with its earlier level: {line}", style="dim"))
@@ -249,6 +257,20 @@ def series_cells(f: Finding) -> tuple[list[str], list[str]]:
     return cells, notes
 
 
+def threshold_text(ev: Evidence) -> str:
+    """'>= 90.0%': the evidence's comparison and threshold in its unit ('' where it has none)."""
+    if ev.threshold is None:
+        return ""
+    return f"{ev.op or ''} {fmt_value(replace(ev, value=ev.threshold))}".strip()
+
+
+def evidence_rows(f: Finding) -> list[tuple[str, str, str, str, str]]:
+    """(evidence, value, threshold, taken, series) per shown evidence (`shown_evidence`): the
+    evidence table `kvscope diagnose` prints (its series shortened: `series_cells`) and the UI
+    shows."""
+    return [(ev.name, fmt_value(ev), threshold_text(ev), render_taken(f, ev), ev.series) for ev in shown_evidence(f)]
+
+
 def _evidence_table(f: Finding) -> Group:
     t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     t.add_column("evidence")
@@ -257,9 +279,8 @@ def _evidence_table(f: Finding) -> Group:
     t.add_column("taken")
     t.add_column("series", style="dim", overflow="fold")
     cells, notes = series_cells(f)
-    for ev, series in zip(shown_evidence(f), cells, strict=True):
-        thr = "" if ev.threshold is None else f"{ev.op} {fmt_value(Evidence('', ev.threshold, ev.unit, ''))}"
-        t.add_row(ev.name, fmt_value(ev), thr, render_taken(f, ev), series)
+    for (*row, _), series in zip(evidence_rows(f), cells, strict=True):
+        t.add_row(*row, series)
     for name, value, how in fact_rows(f):
         t.add_row(name, value, "", how, "")
     return Group(t, *(Text(note, style="dim") for note in notes))
@@ -378,14 +399,13 @@ def render_diagnosis(d: Diagnosis, console: Console | None = None, verbose: bool
     )
     if note := scale_note(d):
         console.print(note, style="yellow", markup=False)
-    supporting = d.supporting
     if d.likely_cause is None:
         console.print(render_not_fired(d), style="yellow" if d.skipped else "green")
     else:
-        console.print(render_card(d.likely_cause, "LIKELY CAUSE", supporting, d.time_scale))
+        console.print(render_card(d.likely_cause, "LIKELY CAUSE", d.supporting, d.time_scale))
     for f in d.hypotheses:
         console.print(render_card(f, "COMPETING HYPOTHESIS (different mechanism)", (), d.time_scale))
-    _print_other(console, tuple(f for f in d.other if all(f is not g for g in supporting)))
+    _print_other(console, d.other_than_supporting)
     _print_changes(console, d)
     if verbose and d.time_scale < 1 and d.scale_changes is not None:
         console.print(_scale_verbose(d), style="dim")

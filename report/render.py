@@ -14,6 +14,7 @@ import pandas as pd
 
 from kvscope.core.objectives import ObjectiveSet
 from kvscope.diagnoser.actions import lever_heading, plan
+from kvscope.diagnoser.curve.report import METRIC_WORDS, change_notes, diff_text, verdict_text
 from kvscope.diagnoser.findings import LeverAdvice, confidence_words
 from kvscope.diagnoser.render import fmt_duration, fmt_where, where_of
 from kvscope.report.weekly import TENANT_SLO, UTILISATION_TRAP, Incident, WeekChanges, WeeklyReport, WeekStats
@@ -135,7 +136,9 @@ def trap_lines(week: WeekStats, attribution: str = "") -> list[str]:
     return lines
 
 
-def _table(df: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str) -> list[list[str]]:
+def format_table(df: pd.DataFrame, columns: dict[str, tuple[str, str]], index_name: str) -> list[list[str]]:
+    """`df` as rows of text: a header (`index_name`, then the label of each of `columns` that `df`
+    holds), then per row its index and each value formatted by the column's kind (`fmt`)."""
     head = [index_name] + [label for c, (label, _) in columns.items() if c in df]
     return [head] + [
         [str(k)] + [fmt(r[c], kind) for c, (_, kind) in columns.items() if c in df] for k, r in df.iterrows()
@@ -182,10 +185,12 @@ def _sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[st
     trap = trap_lines(report.this, report.attribution)
     out: list[tuple[str, list[list[str]] | list[str]]] = [("Fleet", fleet), ("Utilisation", trap)]
     if not report.this.pools.empty:
-        out.append(("Per model / pool", _table(report.this.pools, pool_columns(report.objectives), "Pool")))
+        out.append(("Per model / pool", format_table(report.this.pools, pool_columns(report.objectives), "Pool")))
     tenants, adapters = report.this.tenants, report.this.adapters
-    out.append(("Tenants", [NO_TENANTS] if tenants.empty else _table(tenants, GROUP_COLUMNS, "Tenant")))
-    out.append(("Adapters", [NO_ADAPTERS] if adapters.empty else _table(adapters, GROUP_COLUMNS, "Adapter (model)")))
+    out.append(("Tenants", [NO_TENANTS] if tenants.empty else format_table(tenants, GROUP_COLUMNS, "Tenant")))
+    out.append(
+        ("Adapters", [NO_ADAPTERS] if adapters.empty else format_table(adapters, GROUP_COLUMNS, "Adapter (model)"))
+    )
     out += _efficiency_sections(report)
     out.append((CHANGES_TITLE, _changes_rows(report.changes)))
     rows: list[list[str]] | list[str] = [no_findings_text(report)]
@@ -235,17 +240,10 @@ def no_findings_text(report: WeeklyReport) -> str:
 
 
 CHANGES_TITLE = "What changed this week and its effect at matched load"
-CHANGE_METRICS = (  # deltas key, column, unit scale, unit
-    ("ttft_p99_s", "TTFT p99", 1.0, "s"),
-    ("itl_p99_s", "ITL p99", 1000.0, "ms"),
-    ("output_tokens_per_s", "Output tok/s per instance", 1.0, ""),
-)
-VERDICT_WORDS = {
-    "regression": "regression: worse at matched load",
-    "improvement": "improvement: better at matched load",
-    "no_change": "no change at matched load",
-    "not_comparable": "not comparable: the load before and after did not overlap (no concurrency level "
-    "measured on both sides), so no verdict",
+CHANGE_METRICS = {  # deltas key -> (unit scale, unit) of its column (curve.report.METRIC_WORDS names it)
+    "ttft_p99_s": (1.0, "s"),
+    "itl_p99_s": (1000.0, "ms"),
+    "output_tokens_per_s": (1.0, ""),
 }
 
 
@@ -264,22 +262,18 @@ def _changes_rows(week: WeekChanges | None) -> list[list[str]] | list[str]:
             f"(read from {week.intervals} scrape interval{'s' * (week.intervals != 1)} on a "
             f"{fmt_duration(week.step_s)} grid)."
         ]
-    head = ["When", "Pool", "Change", "Where", "Verdict"] + [m[1] for m in CHANGE_METRICS] + ["Matched concurrency"]
-    rows = [head]
+    head = ["When", "Pool", "Change", "Where", "Verdict"] + [METRIC_WORDS[m] for m in CHANGE_METRICS]
+    rows = [head + ["Matched concurrency"]]
     for wc in changes:
         j, c = wc.judged, wc.judged.change
-        verdict = VERDICT_WORDS[j.verdict]
-        named = [label for key, label, _, _ in CHANGE_METRICS if key in j.worse + j.better]
-        if named and j.verdict in ("regression", "improvement"):
-            verdict += f" ({', '.join(named)})"
         rows.append(
             [
                 _when(c.time),
                 fmt_where(wc.pool),
                 _change_text(c.kind, c.diff),
                 ", ".join(c.instances) or "pool",
-                verdict,
-                *(_delta_cell(j.deltas.get(key), scale, unit) for key, _, scale, unit in CHANGE_METRICS),
+                verdict_text(j) + change_notes(j),
+                *(_delta_cell(j.deltas.get(key), scale, unit) for key, (scale, unit) in CHANGE_METRICS.items()),
                 ", ".join(f"{x:.1f}" for x in j.matched_concurrency) or "-",
             ]
         )
@@ -289,7 +283,7 @@ def _changes_rows(week: WeekChanges | None) -> list[list[str]] | list[str]:
 def _change_text(kind: str, diff: dict) -> str:
     if kind == "curve":
         return "curve shift (no label changed): the window's first half against its second"
-    moved = ", ".join(f"{k} {a:g} → {b:g}" for k, (a, b) in diff.items())
+    moved = diff_text(diff, arrow="→")
     return f"{kind}: {moved}" if moved else kind
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from kvscope.core.scalars import parse_duration
-from kvscope.diagnoser.findings import Finding
+from kvscope.diagnoser.findings import Finding, same_place
 from kvscope.diagnoser.sources import SourceError, read_url
 from kvscope.ui.data import ENV_SERVE, SourceSpec
 
@@ -93,12 +93,7 @@ def at_labels(findings: Iterable[Finding], link: AlertLink) -> list[Finding]:
     """Findings located where the alert is: every label they share with the alert agrees, and
     they share at least one (a fleet-wide finding shares none and is not listed here)."""
     have = dict(link.labels)
-    out = []
-    for f in findings:
-        shared = [k for k in f.where if k in have]
-        if shared and all(f.where[k] == have[k] for k in shared):
-            out.append(f)
-    return out
+    return [f for f in findings if set(f.where) & set(have) and same_place(f.where, have)]
 
 
 def serve_url(env: Mapping[str, str] | None = None) -> str | None:

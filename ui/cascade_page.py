@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvscope.diagnoser.render import fmt_where
+from kvscope.diagnoser.render import cascade_text, fmt_where
 from kvscope.ui.charts import incident_label, render_series_chart
 from kvscope.ui.data import TriageData, axis_unit, cascade_rows, signal_frame
 
@@ -41,11 +41,9 @@ def render(data: TriageData) -> None:
     findings = [f for f in data.diagnosis.findings if f.cascade]
     for f in findings:
         assert f.cascade is not None  # kept above for having one
-        lead = "not reached" if f.cascade.lead_time_s is None else f"{f.cascade.lead_time_s:.0f} s"
         st.markdown(
-            f"**{f.title}** on `{fmt_where(f.where)}`: stage {f.cascade.stage} of {f.cascade.stages_total} "
-            f"({f.cascade.stage_name}), {incident_label(f.since, f.until, f.active)}; the root led the "
-            f"latency symptom by {lead}"
+            f"**{f.title}** on `{fmt_where(f.where)}`, {incident_label(f.since, f.until, f.active)}: "
+            f"{cascade_text(f.cascade)}"
         )
     band = findings[0] if findings else None
     shown = [

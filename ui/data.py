@@ -11,7 +11,6 @@ import json
 import os
 import re
 import time
-import zlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -23,12 +22,12 @@ import pandas as pd
 
 from kvscope.core.objectives import ObjectiveSet
 from kvscope.core.resolve import in_daemon
-from kvscope.core.signals import Labels, load_catalog
+from kvscope.core.signals import Labels, load_catalog, signal_of
 from kvscope.diagnoser.evaluate.frame import Frame
 from kvscope.diagnoser.findings import Diagnosis, Finding, same_place
 from kvscope.diagnoser.render import fmt_clock, fmt_time
 from kvscope.diagnoser.sources import SourceError  # what every loader here raises, with the reason
-from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, read_window
+from kvscope.diagnoser.sources.window import DEFAULT_STEP_S, Span, lattice_end, read_window
 from kvscope.report.render import GROUP_COLUMNS as REPORT_COLUMNS
 from kvscope.report.weekly.groups import group_table as shared_group_table
 from kvscope.report.weekly.series import GROUP_COUNTERS, columns
@@ -103,7 +102,6 @@ class TriageData:
     source: SourceSpec
     diagnosis: Diagnosis
     frame: Frame
-    engines: dict[str, str | None] = field(default_factory=dict)
     cascades: dict = field(default_factory=dict)  # instance -> agent.derive.cascade.CascadeReport
     series: Frame | None = None  # the report's window (report/weekly.py), for the efficiency page
     notes: list[str] = field(default_factory=list)  # what reading the source left out, and why
@@ -122,7 +120,7 @@ def load_triage(source: SourceSpec, step_s: float | None = None) -> TriageData:
     if source.kind == "recording":
         return _from_recording(source, step_s)
     if source.kind in ("prometheus", "agent"):
-        return _from_remote(source, step_s or 15.0)
+        return _from_remote(source, step_s or DEFAULT_STEP_S)
     raise SourceError(f"unknown source kind {source.kind!r}; use one of {KINDS}")
 
 
@@ -191,13 +189,10 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
         diagnosis = attach(diagnose(frame, source=recording.description), curves)
     except (SourceError, ValueError) as exc:  # ValueError: over the grid's bounds (diagnoser/evaluate/frame.py)
         raise SourceError(f"recording {path} could not be read: {exc}") from exc
-    except (EOFError, zlib.error) as exc:  # a gzip cut short (recorder killed mid-write)
-        raise SourceError(f"recording {path} is truncated or corrupt: {exc}") from exc
     return TriageData(
         source,
         diagnosis,
         frame,
-        dict(replay.engines),
         evaluate_cascade(replay.samples),
         report_window(SamplesSource(replay.samples, recording.description, carry=False)),
         list(replay.notes),
@@ -205,23 +200,23 @@ def triage_from_recording(source: SourceSpec, recording: RecordingSource, step_s
     )
 
 
-def live_curves(source: SourceSpec, step_s: float = 15.0, recorded: bool = False) -> list[PoolCurve]:
+def live_curves(source: SourceSpec, recorded: bool = False) -> list[PoolCurve]:
     """Each pool's curve over a Prometheus source's window (the triage page's: the last `since_s`
     seconds ending at `end` or now), read as `kvscope curve --prometheus` reads it: the curve's
     series in full through the one window reader, at the TSDB's scrape interval (`curve_step`,
-    `step_s` where it cannot say); with `recorded`, from kvscope's curve records as `kvscope curve
+    DEFAULT_STEP_S where it cannot say); with `recorded`, from kvscope's curve records as `kvscope curve
     --recorded` (changes judged from the records). The fleet path reads none with the diagnosis; an agent's and a
     recording's are read with it (`TriageData.curves`). Raises SourceError with a readable reason."""
     from kvscope.diagnoser.curve.recorded import recorded_curves, settings_reader
     from kvscope.diagnoser.curve.report import window_curves
     from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
-    end = source.end or time.time() // step_s * step_s
+    end = source.end or lattice_end(DEFAULT_STEP_S)
     try:
         prometheus = PrometheusSource(source.location)
         if recorded:
             return recorded_curves(prometheus.client, end - source.since_s, end, settings=settings_reader(prometheus))
-        return window_curves(prometheus, end - source.since_s, end, step_s)
+        return window_curves(prometheus, end - source.since_s, end, DEFAULT_STEP_S)
     except (SourceError, OSError, ValueError) as exc:
         raise SourceError(f"{source.describe()} could not be read for the curve: {exc}") from exc
 
@@ -239,9 +234,8 @@ def _from_remote(source: SourceSpec, step_s: float) -> TriageData:
     reader: PrometheusSource | AgentSource
     rules = list(shipped_rules().values())
     names = set().union(*(sample_names(r) for r in rules)) | set(GOODPUT_COUNTS)  # the Tenants page's goodput
-    end = source.end or time.time()
-    if source.kind == "prometheus" and not source.end:
-        end = end // step_s * step_s  # on the step's lattice, as `diagnose --prometheus` asks
+    # Prometheus: on the step's lattice, as `diagnose --prometheus` asks
+    end = source.end or (lattice_end(step_s) if source.kind == "prometheus" else time.time())
     try:
         if source.kind == "prometheus":  # the fleet path: candidates from the TSDB, evidence where they held
             from kvscope.diagnoser.pushdown.run import diagnose_fleet
@@ -405,29 +399,12 @@ EVIDENCE_COLUMNS = ["evidence", "value", "threshold", "taken (UTC)", "series"]
 
 
 def evidence_table(finding: Finding) -> pd.DataFrame:
-    """The finding's evidence as the UI shows it, row for row what `kvscope diagnose` prints:
-    value and threshold with their units (ratios as %, seconds as ms/s, rates as /s), absent as
-    "absent", how and when each value was taken ("peak at 07:26:47", "mean 07:25:53-07:26:57"),
-    and the series it came from. An absent engine alternative next to a present one is dropped."""
-    from dataclasses import replace
+    """The finding's evidence as the UI shows it: `kvscope diagnose`'s rows (`render.evidence_rows`:
+    value and threshold with their units, absent as "absent", how and when each value was taken),
+    with the series each came from in full."""
+    from kvscope.diagnoser.render import evidence_rows
 
-    from kvscope.diagnoser.render import render_taken, shown_evidence
-    from kvscope.diagnoser.values import fmt_value
-
-    def bound(e) -> str:  # noqa: ANN001 - Evidence
-        return "" if e.threshold is None else f"{e.op or ''} {fmt_value(replace(e, value=e.threshold))}".strip()
-
-    rows = [
-        {
-            "evidence": e.name,
-            "value": fmt_value(e),
-            "threshold": bound(e),
-            "taken (UTC)": render_taken(finding, e),
-            "series": e.series,
-        }
-        for e in shown_evidence(finding)
-    ]
-    return pd.DataFrame(rows, columns=EVIDENCE_COLUMNS)
+    return pd.DataFrame(evidence_rows(finding), columns=EVIDENCE_COLUMNS)
 
 
 def counts_caption(diagnosis: Diagnosis) -> str:
@@ -466,6 +443,13 @@ def window_text(start: float, end: float) -> str:
     if first[:10] == last[:10]:
         last = last[11:]
     return f"{first.removesuffix(' UTC')} → {last} ({fmt_duration(end - start)})"
+
+
+def when_text(f: Finding) -> str:
+    """When a finding held (`window_text`, the date said again where it ends on another day) and
+    whether it still does: a card's **When**."""
+    state = "still active at the end of the window" if f.active else "ended"
+    return f"{window_text(f.since, f.until)}, {state}"
 
 
 def _latest(frame: Frame, name: str, group: str) -> pd.Series:
@@ -511,7 +495,7 @@ GROUP_SAMPLES = {
     f"{group}_{name}"
     for group in ("tenant", "adapter")
     for name in (*GROUP_COUNTERS, *LATEST)
-    if re.sub("_(bucket|sum|count)$", "", f"{group}_{name}") in load_catalog().signals
+    if signal_of(f"{group}_{name}", load_catalog()) in load_catalog().signals
 }
 """The sample names the tenant and adapter tables read (those the catalog has), read from a live
 agent beside the rules'."""

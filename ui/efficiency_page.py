@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from kvscope.core.objectives import ObjectiveSet
-from kvscope.report.render import fmt, pool_columns, trap_lines
+from kvscope.report.render import fmt, format_table, pool_columns, trap_lines
 from kvscope.report.weekly import attribution_note, compute_week
 from kvscope.ui.data import TriageData, window_text
 
@@ -52,12 +52,5 @@ def render(data: TriageData, objectives: ObjectiveSet | None = None) -> None:
         for line in trap:
             st.warning(line)
     if not week.pools.empty:
-        shown = pd.DataFrame(
-            {
-                label: [fmt(v, kind) for v in week.pools[col]]
-                for col, (label, kind) in pool_columns(objectives).items()
-                if col in week.pools
-            },
-            index=week.pools.index,
-        )
-        st.dataframe(shown, width="stretch")
+        head, *rows = format_table(week.pools, pool_columns(objectives), "Pool")
+        st.dataframe(pd.DataFrame(rows, columns=head).set_index("Pool"), width="stretch")

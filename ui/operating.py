@@ -16,15 +16,16 @@ import pandas as pd
 from kvscope.core.objectives import Objectives, ObjectiveSet
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point
 from kvscope.diagnoser.curve.points import Point
-from kvscope.diagnoser.curve.report import JudgedChange, PoolCurve, change_heading, change_notes, pool_name
+from kvscope.diagnoser.curve.report import (
+    METRIC_WORDS,
+    JudgedChange,
+    PoolCurve,
+    change_heading,
+    change_notes,
+    pool_name,
+    verdict_text,
+)
 
-VERDICT_WORDS = {
-    "regression": "regression: worse at the same load",
-    "improvement": "improvement: better at the same load",
-    "no_change": "no_change: at the same load the data excludes a move beyond the thresholds",
-    "not_comparable": "not_comparable: no verdict (load not overlapping, workload or machine moved, or undecided)",
-}
-METRIC_WORDS = {"ttft_p99_s": "TTFT p99", "itl_p99_s": "ITL p99", "output_tokens_per_s": "output tokens/s"}
 METRIC_UNITS = {"ttft_p99_s": "s", "itl_p99_s": "s", "output_tokens_per_s": "tokens/s"}
 
 
@@ -109,7 +110,7 @@ class ChangeView:
 
     heading: str
     verdict: str
-    verdict_words: str
+    verdict_words: str  # curve.report.verdict_text
     notes: str  # why no verdict, how it was judged, what would decide it (curve.report.change_notes)
     deltas: pd.DataFrame
     rows: pd.DataFrame  # before and after curves, long (curve_rows with side)
@@ -135,7 +136,7 @@ def change_view(j: JudgedChange) -> ChangeView:
     )
     rows = pd.concat([curve_rows(j.before, "before"), curve_rows(j.after, "after")], ignore_index=True)
     notes = change_notes(j).strip().removeprefix(";").strip()
-    return ChangeView(heading, j.verdict, VERDICT_WORDS.get(j.verdict, j.verdict), notes, deltas, rows)
+    return ChangeView(heading, j.verdict, verdict_text(j), notes, deltas, rows)
 
 
 def _interval(iv: list[float] | None) -> str | None:

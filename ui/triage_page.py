@@ -12,6 +12,7 @@ from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_
 from kvscope.diagnoser.findings import Finding
 from kvscope.diagnoser.render import (
     baseline_lines,
+    cascade_text,
     confidence_text,
     fact_rows,
     fmt_duration,
@@ -32,6 +33,8 @@ from kvscope.ui.data import (
     evidence_charts,
     evidence_table,
     timeline,
+    when_text,
+    window_text,
 )
 
 CARDS_SHOWN = 20
@@ -46,7 +49,7 @@ def render(data: TriageData, link: AlertLink | None = None) -> None:
     hypotheses, the timeline, other findings and the rules not evaluated, in that order."""
     d = data.diagnosis
     st.title("kvscope triage")
-    st.caption(f"{d.source} · window {fmt_time(d.window[0])} → {fmt_time(d.window[1])} · {counts_caption(d)}")
+    st.caption(f"{d.source} · window {window_text(*d.window)} · {counts_caption(d)}")
     if link is not None:
         render_alert(data, link)
     if scale_note(d):
@@ -62,11 +65,9 @@ def render(data: TriageData, link: AlertLink | None = None) -> None:
     if d.findings:
         st.header("Timeline")
         render_timeline(d)
-    support = set(id(f) for f in d.supporting)
-    other = [f for f in d.other if id(f) not in support]
-    if other:
+    if d.other_than_supporting:
         st.header("Other findings")
-        render_cards(data, other, "other")
+        render_cards(data, d.other_than_supporting, "other")
     if d.skipped:
         with st.expander(f"Rules not evaluated ({len(d.skipped)})"):
             st.dataframe(
@@ -224,21 +225,11 @@ def render_card(data: TriageData, f: Finding, charts: bool) -> None:
     st.markdown(f"**What:** {what_text(f)}")
     confidence = f"**Confidence:** {confidence_text(f)}"
     (st.warning if f.confidence != "high" else st.markdown)(confidence)
-    state = "still active at the end of the window" if f.active else "ended"
-    st.markdown(
-        f"**Where:** `{fmt_where(f.where)}` · **When:** {fmt_time(f.since)} → {fmt_time(f.until)[11:]} "
-        f"({fmt_duration(f.until - f.since)}, {state}) · **Rule:** `{f.rule_id}`"
-    )
+    st.markdown(f"**Where:** `{fmt_where(f.where)}` · **When:** {when_text(f)} · **Rule:** `{f.rule_id}`")
     if f.cascade:
-        c = f.cascade
-        lead = (
-            f"the root (KV full) led the latency symptom by {c.lead_time_s:.0f} s"
-            if c.lead_time_s is not None
-            else "the latency symptom was not reached"
-        )
         st.markdown(
-            f"**Cascade:** stage {c.stage} of {c.stages_total} reached ({c.stage_name}) on the path KV full → "
-            f"preemption → queueing → TTFT (Sizing LLM Inference for Production §7.4); {lead}."
+            f"**Cascade:** {cascade_text(f.cascade)} (on the path KV full → preemption → queueing → TTFT, "
+            "Sizing LLM Inference for Production §7.4)."
         )
     render_actions(f)
     if f.evidence:

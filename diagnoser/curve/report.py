@@ -366,7 +366,7 @@ def regression_findings(curves: list[PoolCurve], window: tuple[float, float], st
                     1,
                     "review",
                     "Roll back the change",
-                    (EngineChange("ops", f"restore {_diff(c.diff, 0)}"),),
+                    (EngineChange("ops", f"restore {diff_text(c.diff, 0)}"),),
                 )
             ]
             if knobs:
@@ -380,6 +380,7 @@ def regression_findings(curves: list[PoolCurve], window: tuple[float, float], st
                     )
                 )
             worst = ", ".join(f"{m} {100 * j.deltas[m]['relative']:+.0f}%" for m in j.worse)
+            summary = f"after the {c.kind} change {diff_text(c.diff)} at matched concurrency: {worst}"
             out.append(
                 Finding(
                     rule_id=RULE_ID,
@@ -393,9 +394,7 @@ def regression_findings(curves: list[PoolCurve], window: tuple[float, float], st
                     window=window,
                     step_s=step,
                     score=230.0,
-                    summary=f"after the {c.kind} change {_diff(c.diff) or ''} at matched concurrency: {worst}".replace(
-                        "  ", " "
-                    ),
+                    summary=summary.replace("  ", " "),
                     evidence=ev,
                     levers=tuple(levers),
                     citations=("002 §8.5", "002 §8.1"),
@@ -468,9 +467,12 @@ def pool_name(pc: PoolCurve) -> str:
     return " ".join(f"{k}={v}" for k, v in pc.labels.items()) or "pool"
 
 
-def _diff(diff: dict, side: int | None = None) -> str:
+def diff_text(diff: dict, side: int | None = None, arrow: str = "->") -> str:
+    """'kv_capacity_tokens 8192 -> 640, ...' (each setting's before and after; the weekly report's
+    Markdown takes `arrow` '→', where '>' would be escaped), or with `side` (0: before, 1: after)
+    'kv_capacity_tokens=8192, ...': the one wording of what a change set."""
     if side is None:
-        return ", ".join(f"{k} {a:g} -> {b:g}" for k, (a, b) in diff.items())
+        return ", ".join(f"{k} {a:g} {arrow} {b:g}" for k, (a, b) in diff.items())
     return ", ".join(f"{k}={v[side]:g}" for k, v in diff.items()) or "the previous version/config"
 
 
@@ -585,8 +587,32 @@ def change_heading(j: JudgedChange) -> str:
     webhook's and the UI's one wording of which change it was."""
     c = j.change
     where = f" on {', '.join(c.instances)}" if c.instances else ""
-    diff = _diff(c.diff)
+    diff = diff_text(c.diff)
     return f"{c.kind} change at {fmt_time(c.time)}{where}{': ' + diff if diff else ''}"
+
+
+VERDICT_WORDS = {
+    "regression": "regression: worse at matched load",
+    "improvement": "improvement: better at matched load",
+    "no_change": "no change at matched load: the data excludes a move beyond the thresholds",
+    "not_comparable": "not comparable: no verdict",
+}
+METRIC_WORDS = {"ttft_p99_s": "TTFT p99", "itl_p99_s": "ITL p99", "output_tokens_per_s": "output tokens/s per instance"}
+NO_OVERLAP = "the load before and after did not overlap: no concurrency level measured on both sides"
+
+
+def verdict_text(j: JudgedChange) -> str:
+    """The verdict in words, naming the metrics that moved where it is a regression or an
+    improvement, and saying the load did not overlap where no verdict was given for that (a change
+    given none for another reason says it in `change_notes`, which follows this text): the weekly
+    report's and the UI's one wording."""
+    words = VERDICT_WORDS[j.verdict]
+    named = [w for m, w in METRIC_WORDS.items() if m in j.worse + j.better]
+    if named and j.verdict in ENGINE_VERDICTS:
+        words += f" ({', '.join(named)})"
+    if j.verdict == "not_comparable" and not (j.reason or j.deltas or j.by_arrival_rate):
+        words += f" ({NO_OVERLAP})"
+    return words
 
 
 def change_notes(j: JudgedChange) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import zlib
 from typing import Any
 
 from kvscope.agent.recording.omfile import RecordingLimits, RecordingTooLarge
@@ -64,18 +65,22 @@ class RecordingSource:
         self._notes: list[str] = []
 
     def replay(self):  # noqa: ANN201 - agent.replay.Replay
-        """The replayed recording (canonical samples, engines, facts, span statistics), read once."""
+        """The replayed recording (canonical samples, engines, facts, span statistics), read once.
+        Raises SourceError naming the file for every way it cannot be read, a gzip cut short
+        (EOFError) or corrupt (zlib.error) included, so no caller handles those itself."""
         if self._replay is None:
             try:
                 replay = replay_recording(self.path, gpu_mapping=self.gpu_mapping, limits=self.limits)
             except RecordingTooLarge as exc:
                 raise SourceError(str(exc)) from None
+            except (EOFError, zlib.error) as exc:  # a gzip cut short (recorder killed mid-write) or corrupt
+                raise SourceError(f"recording {self.path} is truncated or corrupt: {exc}") from exc
             except (OSError, ValueError, UnicodeDecodeError) as exc:
                 raise SourceError(f"cannot read recording {self.path}: {exc}") from exc
             if self.spans_path:
                 try:
                     add_spans(replay, self.spans_path)
-                except (OSError, EOFError, UnicodeDecodeError) as exc:
+                except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
                     raise SourceError(f"cannot read spans {self.spans_path}: {exc}") from exc
             self._replay = replay
         return self._replay

@@ -10,6 +10,8 @@ Frame, never zero.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -18,6 +20,13 @@ from kvscope.diagnoser.evaluate.frame import Frame
 
 DEFAULT_STEP_S = 15.0
 """The grid step when neither the caller nor the source names one (a typical scrape interval)."""
+
+
+def lattice_end(step: float, now: float | None = None) -> float:
+    """`now` (None: the clock) rounded down to a multiple of `step`: the end of a live window on
+    the step's lattice, as Grafana asks (TSDBs that align queries for their caches,
+    VictoriaMetrics and query frontends, answer at the times asked)."""
+    return math.floor((time.time() if now is None else now) / step) * step
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from kvscope.core.signals import Catalog, signal_of
 def needed_signals(catalog: Catalog) -> dict[str, set[str]]:
     """signal -> where it is read ("rules", "dashboards", "prometheus")."""
     from kvscope.dashboards.registry import BOARDS
+    from kvscope.diagnoser.evaluate.evaluator import sample_names
     from kvscope.diagnoser.promql.rulefiles import build_rule_files
     from kvscope.diagnoser.rulebook.rule import read_rules
-    from kvscope.diagnoser.rulebook.tree import Signal
 
     out: dict[str, set[str]] = {}
 
@@ -23,9 +23,8 @@ def needed_signals(catalog: Catalog) -> dict[str, set[str]]:
             out.setdefault(sig, set()).add(where)
 
     for rule in read_rules():
-        for node in rule.tree.series.values():
-            if isinstance(node, Signal):
-                add(node.signal, "rules")
+        for name in sample_names(rule):
+            add(name, "rules")
     for board in BOARDS:
         for panel in board.panels():
             for sig in panel.signals():

@@ -5,10 +5,8 @@ and `kvscope goodput`."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
-import zlib
 from typing import TYPE_CHECKING, Any
 
 from kvscope.commands._checks import check_http_url, parse_seconds, parse_time, source_hint
@@ -27,7 +25,6 @@ def add_source_flags(
     since: str,
     log: bool = True,
     end_help: str = END_HELP,
-    timeout_help: str = "--prometheus/--agent: seconds one HTTP query may take, connect to last byte",
 ) -> None:
     """One source (--recording, --prometheus, --agent and, with `log`, --log), the window (--since,
     default `since`; --start, --end), --timeout and the recording caps; read by `read_source_flags`."""
@@ -44,7 +41,13 @@ def add_source_flags(
         "--start", metavar="TIME", help="window start, unix seconds or ISO 8601 UTC (overrides --since)"
     )
     parser.add_argument("--end", metavar="TIME", help=end_help)
-    parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help=timeout_help)
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="--prometheus/--agent: seconds one HTTP query may take, connect to last byte",
+    )
     add_recording_cap_flags(parser)
 
 
@@ -70,23 +73,22 @@ def read_source_flags(args: argparse.Namespace) -> float:
 def window(args: argparse.Namespace, since: float, lattice: float | None) -> tuple[Any, Any]:
     """(start, end) of the window the flags name (`read_source_flags` made them unix seconds):
     --start and --end as given; for a live source without --start, the `since` seconds ending at
-    --end or now, now rounded down to a multiple of `lattice` where one is given (as Grafana asks:
-    TSDBs that align queries for their caches, VictoriaMetrics and query frontends, answer at the
-    times asked). A recording or a log without them: None (its whole span); typed as argparse's
+    --end or now, now rounded down to a multiple of `lattice` where one is given (`lattice_end`).
+    A recording or a log without them: None (its whole span); typed as argparse's
     values are, the live paths reading them as floats."""
+    from kvscope.diagnoser.sources.window import lattice_end
+
     start, end = args.start, args.end
     if start is None and not (args.recording or getattr(args, "log", None)):
         if end is None:
-            end = math.floor(time.time() / lattice) * lattice if lattice else time.time()
+            end = lattice_end(lattice) if lattice else time.time()
         start = end - since
     return start, end
 
 
 def unread(args: argparse.Namespace, exc: Exception) -> str:
-    """Why the source could not be read (a SourceError, or a recording's gzip cut short: EOFError,
-    zlib.error); for --prometheus or --agent with the hint `source_hint` gives."""
-    if isinstance(exc, EOFError | zlib.error):
-        return f"recording {args.recording} is truncated or corrupt: {exc}"
+    """Why the source could not be read (a SourceError); for --prometheus or --agent with the hint
+    `source_hint` gives."""
     url = args.prometheus or args.agent
     return source_hint("prometheus" if args.prometheus else "agent", url, str(exc)) if url else str(exc)
 

@@ -140,7 +140,7 @@ def _curve(args: argparse.Namespace, since: float, step: float | None) -> int:
                 print(_long_window_hint(source.client, start, end), file=sys.stderr)
             frame = read_window(source, start, end, step or curve_step(source, start, end, DEFAULT_STEP_S))
             curves = pool_curves(frame, slo_s=args.slo_ttft_p99, objectives=args.objectives_set)
-    except (SourceError, EOFError, zlib.error) as exc:
+    except SourceError as exc:
         return fail("curve", unread(args, exc), 4)
     except ValueError as exc:
         return fail("curve", exc, 3)

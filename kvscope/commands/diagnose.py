@@ -136,7 +136,7 @@ def _diagnose(args: argparse.Namespace, rules: list, params: dict, since: float)
             return _finish(args, source, _pool_changes(args, source, result, start, end, step))
         frame = read_window(source, set().union(*(sample_names(r) for r in rules)), Span(start, end), step)
         _print_notes(args, source)
-    except (SourceError, EOFError, zlib.error) as exc:
+    except SourceError as exc:
         return _not_diagnosed(args, unread(args, exc))
     except ValueError as exc:
         return fail("diagnose", exc, EXIT_USAGE)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import zlib
 
 from kvscope.commands._checks import check_recording
 from kvscope.commands._common import add_command, fail
@@ -65,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     source = open_source(args)
     try:
         rows = pool_goodput(read_window(source, SIGNALS, Span(*window(args, since, DEFAULT_STEP_S))), objectives)
-    except (SourceError, EOFError, zlib.error) as exc:
+    except SourceError as exc:
         return fail("goodput", unread(args, exc), 4)
     except ValueError as exc:
         return fail("goodput", exc, 3)

@@ -15,6 +15,7 @@ from kvscope.commands._source import add_recording_cap_flags, recording_limits
 
 if TYPE_CHECKING:
     from kvscope.commands._progress import Stages
+    from kvscope.report.weekly.coverage import DataCoverage
 
 HELP = """\
 Write the weekly efficiency review: output tokens per GPU-hour per model/pool, GPU utilisation,
@@ -155,8 +156,9 @@ def _load(args: argparse.Namespace):
         from kvscope.diagnoser.sources.prometheus import PrometheusSource
 
         client = PromClient(args.prometheus, timeout_s=300.0)
-        frame = report_window(PrometheusSource(args.prometheus, client=client), end)
-        recorded = _recorded_changes(PrometheusSource(args.prometheus, client=client), end)
+        prometheus = PrometheusSource(args.prometheus, client=client)
+        frame = report_window(prometheus, end)
+        recorded = _recorded_changes(prometheus, end)
         diagnoses = []  # the week's findings from the TSDB itself (the fleet path), on a 5-minute grid
         if not args.no_diagnose:
             from kvscope.diagnoser.pushdown.candidates import describe
@@ -189,15 +191,15 @@ def _recorded_changes(source, end: float):  # noqa: ANN001, ANN202 - a Prometheu
     return changes_of(curves, interval, end - WEEK_S, end)
 
 
-def coverage_note(frame, end: float) -> str:  # noqa: ANN001 - a Frame
-    """'' when the data fills (nearly) the whole week ending at `end`; else a sentence naming both
-    the data actually held and the span it is spread over, with its gaps, so a 10-minute
-    recording's GPU cost is not read as a week's, nor two recordings 9 h apart as 9 h of data."""
+def coverage_note(cov: DataCoverage) -> str:
+    """'' when the data fills (nearly) the whole week (`cov`: the week's, `WeekStats.coverage`);
+    else a sentence naming both the data actually held and the span it is spread over, with its
+    gaps, so a 10-minute recording's GPU cost is not read as a week's, nor two recordings 9 h
+    apart as 9 h of data."""
     from kvscope.core.scalars import iso_utc
     from kvscope.diagnoser.render import fmt_duration
-    from kvscope.report.weekly import WEEK_S, data_coverage
+    from kvscope.report.weekly import WEEK_S
 
-    cov = data_coverage(frame, end - WEEK_S, end)
     if not cov.spans or cov.held_s >= 0.9 * WEEK_S:
         return ""
     first, last = cov.spans[0][0], cov.spans[-1][1]
@@ -226,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
     steps = Stages("weekly report", 4, enabled=not args.no_progress)
     try:
         markdown, page = _report(args, steps)
-    except (OSError, ValueError, EOFError, SourceError) as exc:
+    except (OSError, ValueError, SourceError) as exc:
         steps.close()
         return fail("report", source_hint("prometheus", args.prometheus, str(exc)) if args.prometheus else exc, 4)
     try:
@@ -262,12 +264,12 @@ def _report(args: argparse.Namespace, steps: Stages) -> tuple[str, str | None]:
             f"{source} has no kvscope samples between {iso_utc(end - 2 * WEEK_S)} and {iso_utc(end)} "
             "(does it hold the agent's series? is --end right?)"
         )
-    source += coverage_note(frame, end)
     steps.done()
     steps.stage("computing")
     report = build_report(
         frame, end, args.gpu_hour_cost, source, diagnoses=diagnoses, changes=changes, objectives=args.objectives_set
     )
+    report.source += coverage_note(report.this.coverage)
     steps.done()
     steps.stage("rendering")
     markdown = render_markdown(report)

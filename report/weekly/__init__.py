@@ -15,27 +15,18 @@ pool attribution), coverage.py (data held, the timeline), week.py (a week's numb
 package's interface.
 """
 
-from kvscope.report.weekly.build import DELTA_KEYS, Incident, WeeklyReport, build_report, group_incidents
-from kvscope.report.weekly.changes import WeekChange, WeekChanges, week_changes
-from kvscope.report.weekly.coverage import DataCoverage, data_coverage, timeline_step
-from kvscope.report.weekly.gpus import attribution_note, gpu_pools, pools
+from kvscope.report.weekly.build import Incident, WeeklyReport, build_report
+from kvscope.report.weekly.changes import WeekChange, WeekChanges
+from kvscope.report.weekly.coverage import data_coverage, timeline_step
+from kvscope.report.weekly.gpus import attribution_note
 from kvscope.report.weekly.series import (
-    COUNTERS,
-    GAUGES,
-    MAX_GAP_S,
     READ_SIGNALS,
-    SIGNALS,
     TENANT_SLO,
-    UTILISATION_SIGNALS,
     UTILISATION_TRAP,
     WEEK_S,
-    Columns,
-    Points,
     columns,
     counter_increments,
-    gauge_coverage,
     report_step,
     report_window,
-    utilisation_signal,
 )
-from kvscope.report.weekly.week import Efficiency, WeekStats, compute_week, efficiency
+from kvscope.report.weekly.week import WeekStats, compute_week

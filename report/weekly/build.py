@@ -43,15 +43,12 @@ def group_incidents(diagnoses: Iterable[Diagnosis]) -> list[Incident]:
 
     out: list[Incident] = []
     for d in diagnoses:
-        supporting = d.supporting
         if d.likely_cause is not None:
-            out.append(Incident(d.likely_cause, supporting))
+            out.append(Incident(d.likely_cause, d.supporting))
         out += [Incident(f) for f in d.hypotheses]
-        support = {id(f) for f in supporting}
-        other = tuple(f for f in d.other if id(f) not in support)
         out += [
             Incident(worst, repeats=tuple(m for m in members if m is not worst))
-            for worst, members in group_repeats(other)
+            for worst, members in group_repeats(d.other_than_supporting)
         ]
     return out
 

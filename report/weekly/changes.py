@@ -9,10 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvscope.diagnoser.curve.report import JudgedChange, PoolCurve, pool_curves
-from kvscope.diagnoser.curve.window import SIGNALS as CURVE_SIGNALS
 from kvscope.diagnoser.evaluate.frame import Frame
-
-__all__ = ["CURVE_SIGNALS", "WeekChange", "WeekChanges", "week_changes"]
 
 
 @dataclass(frozen=True)

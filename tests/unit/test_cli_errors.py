@@ -69,6 +69,16 @@ def test_a_truncated_gzip_recording_is_said_without_a_traceback(capsys, tmp_path
     assert code == 4 and f"recording {cut} is truncated or corrupt" in err and "Traceback" not in err
 
 
+def test_report_weekly_names_a_corrupt_gzip_recording(capsys, tmp_path):
+    """Regression: `report weekly` said a gzip cut short without the file, and a corrupt one
+    (zlib.error) with a traceback."""
+    head = gzip.decompress((RECORDINGS / "kv-pressure-cascade.om.gz").read_bytes())[: 64 * 1024]
+    bad = tmp_path / "bad.om.gz"  # a readable first member, then one whose deflate block type is invalid
+    bad.write_bytes(gzip.compress(head) + b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + b"\xff" * 64)
+    code, err = run_cli(capsys, "report", "weekly", "--recording", str(bad), "--markdown", str(tmp_path / "w.md"))
+    assert code == 4 and f"recording {bad} is truncated or corrupt" in err and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("command", ["diagnose", "curve", "goodput"])
 def test_a_missing_recording_is_a_source_not_read(capsys, tmp_path, command):
     code, err = run_cli(capsys, command, "--recording", str(tmp_path / "none.om.gz"))

@@ -18,6 +18,11 @@ END = 1_800_000_000.0
 LABELS = (("instance", "a"),)
 
 
+def _note(frame) -> str:
+    """The note on the week ending at END (the report's `WeekStats.coverage` of it)."""
+    return coverage_note(data_coverage(frame, END - WEEK_S, END))
+
+
 def _series(start: float, stop: float, step: float = 600.0):
     n = int((stop - start) // step) + 1
     return report_frame(
@@ -26,18 +31,18 @@ def _series(start: float, stop: float, step: float = 600.0):
 
 
 def test_a_ten_minute_source_is_named_as_ten_minutes():
-    note = coverage_note(_series(END - 600, END, step=15.0), END)
+    note = _note(_series(END - 600, END, step=15.0))
     assert "covers only 10m00s of the 7 days" in note
     assert "not a full week" in note
 
 
 def test_a_full_week_needs_no_note():
-    assert coverage_note(_series(END - WEEK_S, END), END) == ""
+    assert _note(_series(END - WEEK_S, END)) == ""
 
 
 def test_only_the_part_inside_the_week_counts():
     ss = _series(END - 3 * WEEK_S, END - WEEK_S + 3600)  # ends one hour into the week
-    assert "covers only 1h00m" in coverage_note(ss, END)
+    assert "covers only 1h00m" in _note(ss)
 
 
 def test_two_recordings_nine_hours_apart_name_the_data_held_not_just_the_span():
@@ -46,7 +51,7 @@ def test_two_recordings_nine_hours_apart_name_the_data_held_not_just_the_span():
     early = _series(END - 9 * 3600 - 360, END - 9 * 3600, step=15.0)
     late = _series(END - 360, END, step=15.0)
     samples = [Sample(n, labels, v, t) for ss in (early, late) for n, labels, v, t in _points(ss)]
-    note = coverage_note(report_frame(samples), END)
+    note = _note(report_frame(samples))
     assert "covers only 12m00s of the 7 days, spread across 9h06m" in note
     assert "1 gap without data" in note
     cov = data_coverage(report_frame(samples), END - WEEK_S, END)

@@ -9,6 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from kvscope.diagnoser.curve.changes import Change
+from kvscope.diagnoser.curve.report import JudgedChange
 from kvscope.diagnoser.findings import Finding
 from kvscope.diagnoser.render import fmt_where
 from kvscope.diagnoser.sources.samples import SamplesSource
@@ -19,7 +21,7 @@ from kvscope.report.render import (
     render_html,
     render_markdown,
 )
-from kvscope.report.weekly import WEEK_S, Incident, build_report, report_window, timeline_step
+from kvscope.report.weekly import WEEK_S, Incident, WeekChange, WeekChanges, build_report, report_window, timeline_step
 from tests.unit.test_report import END, _fleet
 
 
@@ -198,3 +200,17 @@ def test_a_short_real_recording_keeps_the_week_axis_and_adds_a_zoom_onto_its_dat
         assert zlo <= replay.start + 60 and zhi >= replay.end - 60 and zhi - zlo < 3600
         fig.canvas.draw()  # tick placement warns at draw time
         plt.close(fig)
+
+
+def test_a_change_given_no_verdict_shows_its_own_reason_not_non_overlap():
+    """Regression: every not_comparable change read 'the load did not overlap', whatever its reason."""
+    reason = (
+        "undecided: no metric cleared the thresholds, and the interval of TTFT p99 +5..+40% still reaches past them"
+    )
+    change = Change(END - 3600, "config", {"kv_capacity_tokens": [8192.0, 640.0]}, ["a"])
+    judged = JudgedChange(change, "not_comparable", {}, [], [], [4.0], reason=reason)
+    report = build_report(report_frame(_fleet()), END, 2.0, "test")
+    report.changes = WeekChanges([WeekChange({"model": "m1"}, judged)], 900.0, 10)
+    (row,) = [line for line in render_markdown(report).splitlines() if "kv_capacity_tokens" in line]
+    assert f"not comparable: no verdict ({reason})" in row
+    assert "did not overlap" not in row

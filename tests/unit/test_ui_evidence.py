@@ -142,6 +142,15 @@ def test_window_text_names_the_span_totals_are_over():
     assert window_text(T0, T0 + 86_400) == "2023-11-14 22:13:20 → 2023-11-15 22:13:20 UTC (24h00m)"
 
 
+def test_a_card_says_the_date_a_finding_ends_on_after_midnight():
+    """Regression: the card's When dropped the end's date, so a finding from 22:13 to 00:13 the
+    next day read as ending before it began."""
+    from kvscope.ui.data import when_text
+
+    f = replace(_finding(), until=T0 + 7200, active=False)
+    assert when_text(f) == "2023-11-14 22:13:20 → 2023-11-15 00:13:20 UTC (2h00m), ended"
+
+
 def test_every_evidence_series_gets_its_chart_with_the_rules_unit():
     """Evidence that reads a histogram (TTFT mean, the symptom), a counter rate and a gauge: each
     gets a chart titled by the evidence name, in the rule's unit."""
