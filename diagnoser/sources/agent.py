@@ -11,7 +11,7 @@ from typing import Any
 from kvscope.agent.recording.replay import scrape_interval as interval_of_targets
 from kvscope.core.net import printable, quoted
 from kvscope.core.signals import Sample, make_labels
-from kvscope.diagnoser.evaluate.frame import Frame, frame_from_samples
+from kvscope.diagnoser.evaluate.frame import Frame, frame_from_samples, merge_facts
 from kvscope.diagnoser.sources import SourceError, answer_cap, raise_cap_hint, read_url
 
 DEFAULT_WINDOW_S = 1800.0
@@ -108,9 +108,15 @@ def parse_samples_answer(data: dict[str, Any]) -> list[Sample]:
 
 
 def parse_facts_answer(data: dict[str, Any]) -> dict[str, dict[str, str]]:
-    """`{instance: {"facts": {...}}}` -> instance -> facts (per-rank facts are merged)."""
-    out: dict[str, dict[str, str]] = {}
+    """`{instance: {"facts": {...}}}` -> instance -> facts. A fact whose value is an object is one
+    DP rank's facts; ranks are merged as every source merges them (`merge_facts`: a plain fact,
+    then the first rank, wins)."""
+    per_rank: dict[str, dict[str, dict[str, str]]] = {}
     for instance, entry in (data or {}).items():
-        facts = [v if isinstance(v, dict) else {k: v} for k, v in ((entry or {}).get("facts") or {}).items()]
-        out[str(instance)] = {str(a): str(b) for per in facts for a, b in per.items()}
-    return out
+        ranks = per_rank.setdefault(str(instance), {})
+        for k, v in ((entry or {}).get("facts") or {}).items():
+            if isinstance(v, dict):
+                ranks[str(k)] = {str(a): str(b) for a, b in v.items()}
+            else:
+                ranks.setdefault("", {})[str(k)] = str(v)
+    return merge_facts(per_rank)
