@@ -20,6 +20,7 @@ from kvscope.agent.scrape.exposition import Exposition, RawSample
 from kvscope.core.rates import configured_interval
 from kvscope.core.signals import KVSCOPE_PREFIX, Catalog, Labels, load_catalog, make_labels, signal_of
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid, merge_facts
+from kvscope.diagnoser.evaluate.grid import ffill
 from kvscope.diagnoser.promql.signals import quote
 from kvscope.diagnoser.sources.promapi import PromClient, as_points, matrix_on_grid
 
@@ -268,7 +269,7 @@ def frame_from_matrix(
         labels_list.append(labels)
         vals.append(row)
     limit = _carry_steps(step, lookback_s)
-    frame = Frame(ts=grid, blocks={k: Block(lab, _carry(np.vstack(v), limit)) for k, (lab, v) in blocks.items()})
+    frame = Frame(ts=grid, blocks={k: Block(lab, ffill(np.vstack(v), limit)) for k, (lab, v) in blocks.items()})
     frame.facts = merge_facts(facts)
     return frame
 
@@ -371,17 +372,3 @@ def _combine(rows: dict, name: str, labels: Labels, how: str, vals: np.ndarray) 
 def _carry_steps(step: float, lookback_s: float) -> int:
     """How many grid steps a point is carried: while (t - t_point) < lookback."""
     return max(0, int(np.ceil(lookback_s / step - 1e-9)) - 1)
-
-
-def _carry(rows: np.ndarray, limit: int) -> np.ndarray:
-    """Points the answer lacks (a row per series) filled from the previous point of their row at
-    most `limit` steps back."""
-    present = ~np.isnan(rows)
-    if present.all() or not present.any() or limit <= 0:
-        return rows
-    k = np.arange(rows.shape[1])
-    last = np.maximum.accumulate(np.where(present, k, -1), axis=1)
-    ok = (last >= 0) & (k - last <= limit)
-    out = np.full(rows.shape, np.nan)
-    out[ok] = rows[np.nonzero(ok)[0], last[ok]]
-    return out
