@@ -19,7 +19,7 @@ from kvscope.agent.normalize.dialect import Mapper, Normalized, detect_engine
 from kvscope.agent.scrape.exposition import Exposition, RawSample
 from kvscope.core.rates import configured_interval
 from kvscope.core.signals import KVSCOPE_PREFIX, Catalog, Labels, load_catalog, make_labels, signal_of
-from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid, merge_facts
+from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, blocks_of, make_grid, merge_facts
 from kvscope.diagnoser.evaluate.grid import ffill
 from kvscope.diagnoser.promql.signals import quote
 from kvscope.diagnoser.sources.promapi import PromClient, as_points, matrix_on_grid
@@ -166,15 +166,12 @@ def _concat_frames(frames: list[Frame], grid: np.ndarray) -> Frame:
     """Frames of disjoint scrape targets -> one, rows in label order (as one answer would give)."""
     if len(frames) == 1:
         return frames[0]
-    out = Frame(ts=grid)
-    parts: dict[str, list[tuple[Labels, np.ndarray]]] = defaultdict(list)
+    rows = (
+        (name, *row) for f in frames for name, b in f.blocks.items() for row in zip(b.labels, b.values, strict=True)
+    )
+    out = Frame(ts=grid, blocks=blocks_of(rows))
     for frame in frames:
-        for name, block in frame.blocks.items():
-            parts[name].extend(zip(block.labels, block.values, strict=True))
         out.facts.update(frame.facts)
-    for name, rows in parts.items():
-        rows.sort(key=lambda r: r[0])
-        out.blocks[name] = Block([r[0] for r in rows], np.vstack([r[1] for r in rows]))
     return out
 
 
@@ -261,15 +258,11 @@ def frame_from_matrix(
         _map_target(target, catalog, rows, facts, engines)
     # a TSDB scraping both the engine and the agent holds a series twice: the native one wins
     rows.update((key, row) for key, row in exported.items() if key not in rows)
-    blocks: dict[str, tuple[list[Labels], list[np.ndarray]]] = defaultdict(lambda: ([], []))
-    for (name, labels), (_kind, row) in sorted(rows.items()):
-        if names is not None and name not in names:
-            continue
-        labels_list, vals = blocks[name]
-        labels_list.append(labels)
-        vals.append(row)
+    blocks = blocks_of(
+        (name, labels, row) for (name, labels), (_, row) in rows.items() if names is None or name in names
+    )
     limit = _carry_steps(step, lookback_s)
-    frame = Frame(ts=grid, blocks={k: Block(lab, ffill(np.vstack(v), limit)) for k, (lab, v) in blocks.items()})
+    frame = Frame(ts=grid, blocks={k: Block(b.labels, ffill(b.values, limit)) for k, b in blocks.items()})
     frame.facts = merge_facts(facts)
     return frame
 
