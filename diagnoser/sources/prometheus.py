@@ -21,7 +21,7 @@ from kvscope.core.rates import configured_interval
 from kvscope.core.signals import KVSCOPE_PREFIX, Catalog, Labels, load_catalog, make_labels, signal_of
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, blocks_of, make_grid, merge_facts
 from kvscope.diagnoser.evaluate.grid import ffill
-from kvscope.diagnoser.promql.signals import quote
+from kvscope.diagnoser.promql.signals import quote, ray_spelling
 from kvscope.diagnoser.sources.promapi import PromClient, as_points, matrix_on_grid
 
 DEFAULT_WINDOW_S = 1800.0
@@ -194,9 +194,7 @@ def wire_pattern(names: set[str], catalog: Catalog, facts: bool = False) -> str:
         groups[f"({'|'.join(tails)})" if tails else any_part].update(a.name for a in signal.aliases)
     if facts:
         groups[any_part].update(f.name for f in catalog.facts)
-    spelled = {
-        sfx: {re.escape(w) for d in declared for w in (d, d.replace(":", "_", 1))} for sfx, declared in groups.items()
-    }
+    spelled = {sfx: {re.escape(w) for d in declared for w in (d, ray_spelling(d))} for sfx, declared in groups.items()}
     parts = [f"(({'|'.join(sorted(alts))}){sfx})" for sfx, alts in sorted(spelled.items())]
     kv = "|".join(sorted(re.escape(KVSCOPE_PREFIX + n) for n in names))
     return "|".join(parts or ["($^)"]) + f"|({kv})"
