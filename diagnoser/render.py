@@ -23,7 +23,7 @@ from kvscope.diagnoser.findings import (
     count,
     not_evaluable,
 )
-from kvscope.diagnoser.rulebook.rule import Rule, grid_steps
+from kvscope.diagnoser.rulebook.rule import Rule, grid_seconds
 from kvscope.diagnoser.rulebook.tree import Baseline, Tree
 from kvscope.diagnoser.values import fmt_value
 
@@ -108,8 +108,8 @@ def baseline_lines(f: Finding, time_scale: float = 1.0) -> list[str]:
     for c in (c for b in blocks if b for c in b.conds if isinstance(c.right, Baseline)):
         spec = c.right
         assert isinstance(spec, Baseline)
-        rng = _grid_seconds(spec.rng * time_scale, f.step_s, 1)
-        off = _grid_seconds(spec.offset * time_scale, f.step_s, 0)
+        rng = grid_seconds(spec.rng, time_scale, f.step_s, 1)
+        off = grid_seconds(spec.offset, time_scale, f.step_s, 0)
         factor = "" if c.times == 1.0 else f"{c.times:g} x "
         of = "its" if (spec.of or c.series) == c.series else f"the {_series_words(names, str(spec.of))}"
         start, end = f.window
@@ -152,10 +152,6 @@ def _baseline_window(rng: float, off: float, held: float, onset: float, last: fl
         f"over all data held up to {fmt_duration(off)} earlier (at most the first {fmt_duration(last - off)} "
         f"of the {fmt_duration(held)} held; the rule's {fmt_duration(rng)} range reaches back before the data)"
     )
-
-
-def _grid_seconds(seconds: float, step: float, least: int) -> float:
-    return grid_steps(seconds, step, least) * step if step else seconds
 
 
 _ENGINES = ("vllm", "sglang", "dcgm", "nvml")

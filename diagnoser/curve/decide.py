@@ -50,6 +50,30 @@ def wall_seconds(more: int | None, have: int, total: int | None, step: float) ->
     return math.ceil(more * total / have) * step
 
 
+Ask = tuple[tuple, float, tuple[tuple[int, float | None, int | None], ...]]
+"""A bucket, its concurrency, and per side (before, after): (intervals, requests (None: not read),
+more intervals it needs; None: not estimable)."""
+
+
+def _least(asks: list[Ask], step: float, totals: tuple[int, int] | None) -> list[dict]:
+    """The asks as {bucket, concurrency, before, after}, each side {intervals, requests,
+    more_intervals, more_seconds, more_wall_seconds} (`wall_seconds` from `totals`), at most
+    SHOWN, the least traffic (both sides' seconds; a side not estimable: last) first."""
+    out: list[tuple[float, dict]] = []
+    for bucket, concurrency, sides in asks:
+        row: dict = {"bucket": list(bucket), "concurrency": concurrency}
+        for k, (name, (have, reqs, n)) in enumerate(zip(("before", "after"), sides, strict=True)):
+            row[name] = {
+                "intervals": have,
+                "requests": reqs,
+                "more_intervals": n,
+                "more_seconds": None if n is None else n * step,
+                "more_wall_seconds": wall_seconds(n, have, totals and totals[k], step),
+            }
+        out.append((sum(math.inf if n is None else n * step for _, _, n in sides), row))
+    return [row for _, row in sorted(out, key=lambda t: t[0])][:SHOWN]
+
+
 def more_traffic(
     before: list[Point], after: list[Point], step: float, totals: tuple[int, int] | None = None
 ) -> list[dict]:
@@ -58,25 +82,17 @@ def more_traffic(
     estimable; the wall time from `totals`, each side's length in scrape intervals), at most
     SHOWN, the least traffic first; [] where a bucket is dense on both sides already."""
     b_by, a_by = {p.bucket: p for p in before}, {p.bucket: p for p in after}
-    out: list[tuple[float, dict]] = []
+    asks: list[Ask] = []
     for bucket in sorted(set(b_by) | set(a_by)):
         b, a = b_by.get(bucket), a_by.get(bucket)
         if b and a and not b.sparse and not a.sparse:
             return []
-        sides, seconds = {}, 0.0
-        for k, (name, p, other) in enumerate((("before", b, a), ("after", a, b))):
-            n, have = _needed(p, other), p.intervals if p else 0
-            sides[name] = {
-                "intervals": have,
-                "requests": p.requests if p else 0.0,
-                "more_intervals": n,
-                "more_seconds": None if n is None else n * step,
-                "more_wall_seconds": wall_seconds(n, have, totals and totals[k], step),
-            }
-            seconds += math.inf if n is None else n * step
         conc = [p.concurrency for p in (b, a) if p]
-        out.append((seconds, {"bucket": list(bucket), "concurrency": round(sum(conc) / len(conc), 3)} | sides))
-    return [x for _, x in sorted(out, key=lambda t: t[0])][:SHOWN]
+        sides = tuple(
+            (p.intervals if p else 0, p.requests if p else 0.0, _needed(p, other)) for p, other in ((b, a), (a, b))
+        )
+        asks.append((bucket, round(sum(conc) / len(conc), 3), sides))
+    return _least(asks, step, totals)
 
 
 def _factor(point: float | None, iv: list[float] | None, t: float) -> float | None:
@@ -117,18 +133,8 @@ def more_to_settle(
         factor = max(factor, min(known))
     if factor <= 1.0:
         return []
-    out: list[tuple[float, dict]] = []
+    asks: list[Ask] = []
     for at in matched:
-        sides, seconds = {}, 0.0
-        for k, (name, have, reqs) in enumerate(zip(("before", "after"), at.intervals, at.requests, strict=True)):
-            n = math.ceil(have * (factor - 1.0))
-            sides[name] = {
-                "intervals": have,
-                "requests": reqs,
-                "more_intervals": n,
-                "more_seconds": n * step,
-                "more_wall_seconds": wall_seconds(n, have, totals and totals[k], step),
-            }
-            seconds += n * step
-        out.append((seconds, {"bucket": list(at.bucket), "concurrency": at.concurrency} | sides))
-    return [x for _, x in sorted(out, key=lambda t: t[0])][:SHOWN]
+        more = tuple(math.ceil(have * (factor - 1.0)) for have in at.intervals)
+        asks.append((at.bucket, at.concurrency, tuple(zip(at.intervals, at.requests, more, strict=True))))
+    return _least(asks, step, totals)

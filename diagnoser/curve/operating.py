@@ -218,22 +218,6 @@ def _knee(points: list[Point], p: KneeParams, running_max: float | None) -> Read
     return Read((points[i], signs[i], placed[i] or "", points[i - 1]), between=between, above=above)
 
 
-def knee(
-    points: list[Point], p: KneeParams = KneeParams(), running_max: float | None = None
-) -> tuple[float | None, list[str], str | None]:
-    """The knee's concurrency, the signs seen there and the sign that placed it, or (None, [], None)
-    when the data shows none; `running_max`: the most requests the window saw running (None: the
-    running_pinned sign is not read). A knee at the lowest measured bucket is below the measured
-    range: (None, [], None). Where the measured buckets place none, or one above load the window
-    visited too thinly to read, the knee is read over every bucket (`_above`), else
-    (None, [], None)."""
-    return _knee_tuple(_knee(points, p, running_max).found)
-
-
-def _knee_tuple(found: Found | None) -> tuple[float | None, list[str], str | None]:
-    return (None, [], None) if found is None else (found[0].concurrency, sorted(found[1]), found[2])
-
-
 P99_FIELDS = {"ttft": "ttft_p99_s", "tpot": "tpot_p99_s", "e2e": "e2e_p99_s"}
 """The Point field each objective's p99 is read from."""
 
@@ -288,7 +272,7 @@ def operating_point(
     """Knee, C_max, usable RPS, Little's Law gap and headroom of one pool's points; `running_max`:
     the most requests the window saw running (the running_pinned sign's cap; None: not read)."""
     found, below_range, between, above = _knee(points, p, running_max)
-    k, signs, placing = _knee_tuple(found)
+    k, signs, placing = (None, [], None) if found is None else (found[0].concurrency, sorted(found[1]), found[2])
     c, rps, note = c_max(points, slo_s, objectives)
     gap = (c / slo_s) / rps if c is not None and rps else None
     notes = []

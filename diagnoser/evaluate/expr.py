@@ -21,7 +21,7 @@ from kvscope.diagnoser.promql.series import NotExpressible, SeriesCompiler
 from kvscope.diagnoser.promql.signals import NamedSignals
 from kvscope.diagnoser.rulebook import tree
 from kvscope.diagnoser.rulebook.grammar import ExprError
-from kvscope.diagnoser.rulebook.rule import Rule, grid_steps, rate_steps
+from kvscope.diagnoser.rulebook.rule import Rule, grid_steps, range_steps
 
 
 @dataclass
@@ -111,9 +111,10 @@ class SeriesEvaluator:
         """A rule duration (time-scaled) in whole grid steps, at least `least`."""
         return grid_steps(seconds * self.rule.time_scale, self.frame.step, least)
 
-    def _rk(self, seconds: float) -> int:
-        """A counter-rate range (time-scaled) in whole grid steps (`rate_steps`)."""
-        return rate_steps(seconds, self.rule.time_scale, self.frame.step)
+    def _range_k(self, node: tree.Node) -> int:
+        """The trailing range the series `node` reads, in whole grid steps (`range_steps`: as the
+        PromQL writer writes it)."""
+        return range_steps(node, self.rule.time_scale, self.frame.step)
 
     def _rows(
         self, name: str, by: tuple[str, ...], extra: tuple[str, ...] = (), match: tree.Match = (), seen: bool = False
@@ -185,22 +186,23 @@ class SeriesEvaluator:
             return self._empty(by)
         return Grouped(by, keys, grid.reduce_groups(values, inv, len(keys), node.agg))
 
-    def _sum_rates(self, name: str, match: tree.Match, rng: float, by: tuple[str, ...]) -> Grouped:
+    def _sum_rates(self, name: str, match: tree.Match, k: int, by: tuple[str, ...]) -> Grouped:
         keys, inv, values = self._rows(name, by, match=match)
         if not keys:
             return self._empty(by)
-        rates = self._counter_rates(name, match, values, self._rk(rng))
+        rates = self._counter_rates(name, match, values, k)
         return Grouped(by, keys, grid.reduce_groups(rates, inv, len(keys), "sum"))
 
     def _form_rate(self, node: tree.Rate, by: tuple[str, ...]) -> Grouped:
-        g = self._sum_rates(node.signal, node.match, node.rng, by)
+        k = self._range_k(node)
+        g = self._sum_rates(node.signal, node.match, k, by)
         if node.increase:
-            g.values = g.values * self._rk(node.rng) * (self.frame.step or 1.0)
+            g.values = g.values * k * (self.frame.step or 1.0)
         return g
 
     def _form_mean(self, node: tree.Mean, by: tuple[str, ...]) -> Grouped:
-        s = self._sum_rates(node.signal + "_sum", node.match, node.rng, by)
-        c = self._sum_rates(node.signal + "_count", node.match, node.rng, by)
+        s = self._sum_rates(node.signal + "_sum", node.match, self._range_k(node), by)
+        c = self._sum_rates(node.signal + "_count", node.match, self._range_k(node), by)
         if not s.keys or not c.keys:
             return self._empty(by)
         return Grouped(by, s.keys, _guarded_ratio(s.values, align(c, by, s.keys), 0.0))
@@ -220,7 +222,7 @@ class SeriesEvaluator:
         keys, inv, values = self._rows(node.signal, by, match=node.match)
         if not keys:
             return self._empty(by)
-        counts = grid.resets(values, self._k(node.rng))
+        counts = grid.resets(values, self._range_k(node))
         return Grouped(by, keys, grid.reduce_groups(counts, inv, len(keys), "sum"))
 
     def _form_quantile(self, node: tree.Quantile, by: tuple[str, ...]) -> Grouped:
@@ -228,7 +230,7 @@ class SeriesEvaluator:
         keys, inv, values = self._rows(name, by, ("le",), match=match)
         if not keys:
             return self._empty(by)
-        k, q = self._rk(node.rng), node.q
+        k, q = self._range_k(node), node.q
         adj = self._adjusted(name, match, values)
         if adj is not None and adj.shape[1] >= 2:
             return Grouped(by, *self._dense_quantiles(q, name, match, by, keys, inv, adj, k))
@@ -297,15 +299,14 @@ class SeriesEvaluator:
 
     def _form_overtime(self, node: tree.OverTime, by: tuple[str, ...]) -> Grouped:
         a = self.get(node.of)
-        values = grid.over_time(a.values, self._k(node.rng), node.agg)
+        values = grid.over_time(a.values, self._range_k(node), node.agg)
         if node.offset:  # the window ending `offset` earlier (an earlier level)
             values = grid.shift(values, self._k(node.offset))
         return Grouped(a.by, a.keys, values)
 
     def _form_deriv(self, node: tree.Deriv | tree.Predict, by: tuple[str, ...]) -> Grouped:
         a = self.get(node.of)
-        # a slope needs three points: a range scaled below that (a short log or recording) reads three
-        k = max(self._k(node.rng), grid.DERIV_MIN_POINTS)
+        k = self._range_k(node)  # at least three steps (a short log or recording)
         ahead = node.ahead * self.rule.time_scale if isinstance(node, tree.Predict) else None
         return Grouped(a.by, a.keys, grid.deriv(a.values, k, self.frame.step or 1.0, ahead=ahead))
 
@@ -313,7 +314,7 @@ class SeriesEvaluator:
 
     def _form_changes(self, node: tree.Changes, by: tuple[str, ...]) -> Grouped:
         a = self.get(node.of)
-        return Grouped(a.by, a.keys, grid.changes(a.values, self._k(node.rng), self._k(node.settle)))
+        return Grouped(a.by, a.keys, grid.changes(a.values, self._range_k(node), self._k(node.settle)))
 
     def _form_aggregate(self, node: tree.Aggregate, by: tuple[str, ...]) -> Grouped:
         a = self.get(node.of)
@@ -371,20 +372,12 @@ RANGE_FIELD = "{range}"
 
 
 def range_used(rule: Rule, name: str, step: float | None = None, held: float | None = None) -> float | None:
-    """Seconds of the trailing range the series `name` is read over: time-scaled, in whole grid
-    `step`s (a slope at least three) and no longer than the `held` seconds of data, as evaluated
-    and as `promql` prints it; as written without a step. None for a series without a range."""
+    """Seconds of the trailing range the series `name` is read over, as evaluated and as
+    `promql` prints it (`SeriesCompiler.range_seconds`): time-scaled, in whole grid `step`s and no
+    longer than the `held` seconds of data; as written without a step. None for a series without
+    a range."""
     node = rule.tree.series.get(name)
-    rng = float(getattr(node, "rng", 0.0) or 0.0)
-    if not rng:
-        return None
-    seconds = rng * rule.time_scale
-    if step and isinstance(node, tree.Rate | tree.Mean | tree.Quantile):
-        seconds = rate_steps(rng, rule.time_scale, step) * step
-    elif step:
-        least = grid.DERIV_MIN_POINTS if isinstance(node, tree.Deriv | tree.Predict) else 1
-        seconds = grid_steps(seconds, step, least) * step
-    return seconds if held is None else min(seconds, max(step or 0.0, held))
+    return None if node is None else SeriesCompiler(rule, step=step, held=held).range_seconds(node)
 
 
 def duration_words(seconds: float) -> str:

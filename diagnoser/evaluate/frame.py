@@ -169,14 +169,25 @@ def frame_from_samples(
             f"{len(points):,} series x {len(grid):,} grid points is more than {MAX_FRAME_CELLS:,} "
             "values: pass --start/--end for a shorter window or a larger --step"
         )
-    rows: dict[str, tuple[list[Labels], list[np.ndarray]]] = defaultdict(lambda: ([], []))
-    for (name, labels), pts in sorted(points.items()):
+
+    def on_grid(pts: list[tuple[float, float]]) -> np.ndarray:
         arr = np.array(sorted(pts), dtype=float)
-        labels_list, values = rows[name]
-        labels_list.append(labels)
-        values.append(sample_on_grid(arr[:, 0], arr[:, 1], grid, lookback_s))
-    blocks = {name: Block(labels, np.vstack(vals)) for name, (labels, vals) in rows.items()}
-    return Frame(ts=grid, blocks=blocks)
+        return sample_on_grid(arr[:, 0], arr[:, 1], grid, lookback_s)
+
+    return Frame(ts=grid, blocks=blocks_of((name, labels, on_grid(pts)) for (name, labels), pts in points.items()))
+
+
+def blocks_of(rows: Iterable[tuple[str, Labels, np.ndarray]]) -> dict[str, Block]:
+    """Series rows (name, labels, values on one grid) -> a Block per name, names and each block's
+    rows in sorted order (the order every source gives)."""
+    parts: dict[str, list[tuple[Labels, np.ndarray]]] = defaultdict(list)
+    for name, labels, row in rows:
+        parts[name].append((labels, row))
+    out = {}
+    for name in sorted(parts):
+        part = sorted(parts[name], key=lambda r: r[0])
+        out[name] = Block([labels for labels, _ in part], np.vstack([row for _, row in part]))
+    return out
 
 
 def failed_scrape_spans(up: Iterable[tuple[str, float, bool]]) -> dict[str, list[tuple[float, float]]]:

@@ -22,13 +22,14 @@ _CHUNK_ROWS = 256
 """Rows per slice where a whole-block check would otherwise build a [rows, T] temporary."""
 
 
-def ffill(values: np.ndarray) -> np.ndarray:
-    """Carry the last present value forward along time (rows independent)."""
-    present = ~np.isnan(values)
-    idx = np.where(present, np.arange(values.shape[1])[None, :], 0)
-    np.maximum.accumulate(idx, axis=1, out=idx)
-    out = values[np.arange(values.shape[0])[:, None], idx]
-    out[~present & (np.cumsum(present, axis=1) == 0)] = np.nan
+def ffill(values: np.ndarray, limit: int | None = None) -> np.ndarray:
+    """Carry the last present value forward along time (rows independent), at most `limit` steps
+    past it (None: any number); a new array."""
+    k = np.arange(values.shape[1])[None, :]
+    last = np.where(~np.isnan(values), k, -1)
+    np.maximum.accumulate(last, axis=1, out=last)
+    out = values[np.arange(values.shape[0])[:, None], last]  # -1 (nothing yet) is masked below
+    out[(last < 0) if limit is None else (last < 0) | (k - last > limit)] = np.nan
     return out
 
 

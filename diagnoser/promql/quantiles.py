@@ -33,7 +33,7 @@ def quantile_rules(rules: list[Rule], catalog: Catalog) -> list[dict[str, Any]]:
             if compiler._matchers(node, ", ".join(by)):
                 continue
             q = prom_number(node.q)
-            key = (f"kvscope:{node.signal}:quantile_{compiler._range(node.rng)}", q, ",".join(by))  # name, labels
+            key = (f"kvscope:{node.signal}:quantile_{compiler._range(node)}", q, ",".join(by))  # name, labels
             if key in out:
                 continue
             try:

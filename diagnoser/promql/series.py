@@ -21,7 +21,7 @@ from kvscope.diagnoser.promql.signals import (
     prom_number,
 )
 from kvscope.diagnoser.rulebook import tree
-from kvscope.diagnoser.rulebook.rule import Rule, grid_steps, parse_duration, rate_steps
+from kvscope.diagnoser.rulebook.rule import Rule, grid_seconds, parse_duration, range_steps
 
 SUBQUERY_STEP = "15s"
 """Resolution of `[range:step]` subqueries: the engine's default grid step (docs/rules.md)."""
@@ -108,28 +108,31 @@ class SeriesCompiler:
             raise NotExpressible(f"unknown series {name!r}")
         return self.nodes[name]
 
-    def _range(self, seconds: float, reach: float | None = None) -> str:
-        """A range (rule seconds), no longer than `reach` (default: `held`) seconds."""
-        text = self.dur(seconds)
-        limit = self.held if reach is None else reach
-        if limit is not None and parse_duration(text) > limit:
-            return prom_duration(max(self.step or 1.0, limit))
-        return text
+    def range_seconds(self, name_or_node: str | tree.Node) -> float | None:
+        """Seconds of the trailing range a series reads over, as evaluated and as written here:
+        time-scaled, in whole grid steps (`range_steps`: a counter rate at least two, a slope at
+        least three) with a step, as written without one; no longer than the data `held` (a
+        range ending `offset` earlier, than the data held before it). None without a range."""
+        node = self._node(name_or_node) if isinstance(name_or_node, str) else name_or_node
+        rng = float(getattr(node, "rng", 0.0) or 0.0)
+        if not rng:
+            return None
+        scale = self.rule.time_scale
+        seconds = range_steps(node, scale, self.step) * self.step if self.step else rng * scale
+        reach = self.held
+        if reach is not None and isinstance(node, tree.OverTime) and node.offset:
+            reach -= parse_duration(self.dur(node.offset))
+        if reach is not None and seconds > reach:
+            return max(self.step or 1.0, reach)
+        return seconds
 
-    def _rate_range(self, seconds: float) -> str:
-        """A counter-rate range (rate, increase, histogram mean or quantile): `_range`, but with a
-        step no shorter than the evaluator reads it (`rate_steps`)."""
-        if not self.step:
-            return self._range(seconds)
-        steps = rate_steps(seconds, self.rule.time_scale, self.step)
-        return self._range(steps * self.step / self.rule.time_scale)
+    def _range(self, node: tree.Node) -> str:
+        """The node's range (`range_seconds`) as PromQL writes a duration."""
+        return prom_duration(self.range_seconds(node))
 
     def dur(self, seconds: float, least: int = 1) -> str:
         """A rule duration as PromQL: as written, or (with a step) scaled and in whole steps."""
-        seconds *= self.rule.time_scale
-        if self.step:
-            seconds = grid_steps(seconds, self.step, least) * self.step
-        return prom_duration(seconds)
+        return prom_duration(grid_seconds(seconds, self.rule.time_scale, self.step, least))
 
     def _join(self, a: str, b: str) -> str:
         """Binary-operator modifier joining series b onto series a (b coarser or equal)."""
@@ -174,16 +177,16 @@ class SeriesCompiler:
 
     def _rate(self, node: tree.Rate, by: str) -> Part:
         fn = "increase" if node.increase else "rate"
-        text = self._read(node, node.signal, by, fn, self._rate_range(node.rng))
+        text = self._read(node, node.signal, by, fn, self._range(node))
         return _aggregate("sum", by, text), text.cost
 
     def _quantile(self, node: tree.Quantile, by: str) -> Part:
-        q, rng = prom_number(node.q), self._rate_range(node.rng)
+        q, rng = prom_number(node.q), self._range(node)
         rates = self._read(node, node.signal + "_bucket", _plus(by, "le"), "rate", rng)
         return f"histogram_quantile({q}, {_aggregate('sum', _plus(by, 'le'), rates)})", rates.cost
 
     def _mean(self, node: tree.Mean, by: str) -> Part:
-        rng = self._rate_range(node.rng)
+        rng = self._range(node)
         s, c = (self._read(node, node.signal + x, by, "rate", rng) for x in ("_sum", "_count"))
         return f"{_aggregate('sum', by, s)}\n/\n({_aggregate('sum', by, c)} > 0)", s.cost + c.cost
 
@@ -192,7 +195,7 @@ class SeriesCompiler:
     any length (values carried), PromQL only when the sample before the gap is inside the range."""
 
     def _resets(self, node: tree.Resets, by: str) -> Part:
-        rng = self._range(node.rng)
+        rng = self._range(node)
         if self.resets_bridge_s:
             rng = prom_duration(parse_duration(rng) + self.resets_bridge_s)
         text = self._read(node, node.signal, by, "resets", rng)
@@ -224,16 +227,15 @@ class SeriesCompiler:
         if node.agg not in ("avg", "max", "min", "sum"):
             raise NotExpressible(f"over_time {node.agg!r}")
         off = f" offset {self.dur(node.offset)}" if node.offset else ""
-        reach = None if self.held is None or not off else self.held - parse_duration(self.dur(node.offset))
-        sub, cost = self.subquery(self.expr(node.of), self._range(node.rng, reach), off)
+        sub, cost = self.subquery(self.expr(node.of), self._range(node), off)
         return f"{node.agg}_over_time({sub})", cost
 
     def _deriv(self, node: tree.Deriv, by: str) -> Part:
-        sub, cost = self.subquery(self.expr(node.of), self._range(node.rng))
+        sub, cost = self.subquery(self.expr(node.of), self._range(node))
         return f"deriv({sub})", cost
 
     def _predict(self, node: tree.Predict, by: str) -> Part:
-        sub, cost = self.subquery(self.expr(node.of), self._range(node.rng))
+        sub, cost = self.subquery(self.expr(node.of), self._range(node))
         return f"predict_linear({sub}, {prom_number(node.ahead * self.rule.time_scale)})", cost
 
     def _changes(self, node: tree.Changes, by: str) -> Part:
@@ -241,7 +243,7 @@ class SeriesCompiler:
         # also existed `settle` earlier
         inner = self.expr(node.of)
         earlier = f"last_over_time(({inner})[{self.bracket(self.sub)}:{self.sub}] offset {self.dur(node.settle)})"
-        rng = self._range(node.rng)
+        rng = self._range(node)
         return (
             f"changes((({inner})\nand\n{earlier})[{self.bracket(rng)}:{self.sub}])",
             2 * inner.cost + 2 * SUBQUERY_COST,

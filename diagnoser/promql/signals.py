@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kvscope.core.signals import COMMON_LABELS, KVSCOPE_PREFIX, Alias, Catalog, Dialect, Signal
+from kvscope.core.signals import COMMON_LABELS, KVSCOPE_PREFIX, Alias, Catalog, Dialect, Signal, signal_of
 
 GROUP_LABELS = tuple(label for label in COMMON_LABELS if label != "job")
 """Labels a canonical series keeps. `job` is dropped: the same engine scraped directly and
@@ -56,8 +56,13 @@ def wire_names(declared: str, kind: str, suffix: str = "", part: str | None = No
     elif kind == "counter" and not declared.endswith("_total"):
         declared += "_total"
     name = declared + suffix
-    folded = name.replace(":", "_", 1) if ":" in name else None
-    return (name, folded) if folded and folded != name else (name,)
+    return (name, ray_spelling(name)) if ":" in name else (name,)
+
+
+def ray_spelling(name: str) -> str:
+    """`vllm:x` as Ray-backed loggers (and some SGLang builds) write it, `vllm_x`; a name without
+    a colon as it is."""
+    return name.replace(":", "_", 1)
 
 
 def source_terms(signal: Signal, catalog: Catalog, suffix: str = "") -> tuple[list[SourceTerm], list[Alias]]:
@@ -323,7 +328,7 @@ def _range_read(names: tuple[str, ...], matchers: list[str], fn: str, rng: str |
     add up. Spellings of one name (`vllm:x`, `vllm_x` under Ray) never both exist: one selector."""
     spellings: dict[str, list[str]] = {}
     for name in names:
-        spellings.setdefault(name.replace(":", "_", 1), []).append(name)
+        spellings.setdefault(ray_spelling(name), []).append(name)
     reads = [(group[0], f"{fn}({name_selector(tuple(group), matchers)}[{rng}])") for group in spellings.values()]
     if len(reads) == 1:
         return reads[0][1]
@@ -346,10 +351,5 @@ def _upstream(matchers: list[Matcher], term: SourceTerm) -> list[Matcher]:
 
 def split_series(series: str, catalog: Catalog) -> tuple[Signal | None, str]:
     """`request_ttft_seconds_bucket` -> (the histogram signal, "_bucket"); a signal name -> (it, "")."""
-    if series in catalog.signals:
-        return catalog.signals[series], ""
-    for suffix in ("_bucket", "_sum", "_count"):
-        base = series[: -len(suffix)]
-        if series.endswith(suffix) and base in catalog.signals:
-            return catalog.signals[base], suffix
-    return None, ""
+    base = signal_of(series, catalog)
+    return (catalog.signals[base], series[len(base) :]) if base in catalog.signals else (None, "")

@@ -23,7 +23,7 @@ from kvscope.diagnoser.evaluate.confidence import direct_present
 from kvscope.diagnoser.evaluate.evaluator import auto_time_scale, conclude, evaluate_rule, precheck, sample_names
 from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid
 from kvscope.diagnoser.findings import MECHANISM_OFF, MECHANISM_UNKNOWN, Diagnosis, Finding, Skipped
-from kvscope.diagnoser.promql.signals import InlineSignals
+from kvscope.diagnoser.promql.signals import InlineSignals, ray_spelling
 from kvscope.diagnoser.pushdown.candidates import (
     RECORD_LAG_S,
     Group,
@@ -240,7 +240,7 @@ def inventory(
     wanted = {f.fact for r in rules for f in r.tree.facts}
     carried = set()
     for src in catalog.facts:
-        spelled = re.compile("|".join(re.escape(n) for n in {src.name, src.name.replace(":", "_", 1)}))
+        spelled = re.compile("|".join(re.escape(n) for n in {src.name, ray_spelling(src.name)}))
         if any(map(spelled.fullmatch, window)):
             carried |= {src.fact} if src.fact else {w for w in wanted if not src.labels or w in src.labels}
     return present, carried

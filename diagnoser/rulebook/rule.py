@@ -14,7 +14,7 @@ import yaml
 
 from kvscope.core.scalars import parse_duration as parse_duration  # rule files' durations are Prometheus'
 from kvscope.diagnoser.rulebook.grammar import RuleError
-from kvscope.diagnoser.rulebook.tree import Tree, parse
+from kvscope.diagnoser.rulebook.tree import Deriv, Mean, Node, Predict, Quantile, Rate, Tree, parse
 
 
 class LineDict(dict):
@@ -167,3 +167,26 @@ def rate_steps(seconds: float, time_scale: float, step: float | None) -> int:
     is shorter (at time_scale 1 this is `grid_steps`)."""
     written = grid_steps(seconds, step or 1.0)
     return max(grid_steps(seconds * time_scale, step or 1.0), min(RATE_MIN_STEPS, written))
+
+
+SLOPE_MIN_STEPS = 3
+"""A slope (deriv, predict_linear) needs three points: a range that the short-window scaling
+shortens below this many grid steps reads this many."""
+
+
+def range_steps(node: Node, time_scale: float, step: float | None) -> int:
+    """The trailing range a series `node` reads (its `rng`) in whole grid steps: how the evaluator
+    reads it and the PromQL writer writes it on a grid. A counter rate's is `rate_steps`, a
+    slope's at least SLOPE_MIN_STEPS, any other's `grid_steps` of the time-scaled range."""
+    rng = float(getattr(node, "rng", 0.0) or 0.0)
+    if isinstance(node, Rate | Mean | Quantile):
+        return rate_steps(rng, time_scale, step)
+    least = SLOPE_MIN_STEPS if isinstance(node, Deriv | Predict) else 1
+    return grid_steps(rng * time_scale, step or 1.0, least)
+
+
+def grid_seconds(seconds: float, time_scale: float, step: float | None, least: int = 1) -> float:
+    """A rule duration as evaluated, in seconds: `seconds` x `time_scale`, on a grid in whole
+    `step`s (at least `least`); as written (time-scaled) without a step."""
+    seconds *= time_scale
+    return grid_steps(seconds, step, least) * step if step else seconds

@@ -8,10 +8,12 @@ recording.py, logs.py, agent.py, store.py, prometheus.py.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
+from typing import Any
 
-from kvscope.core.net import FetchError, fetch
+from kvscope.core.net import FetchError, fetch, printable, quoted
 
 
 class SourceError(RuntimeError):
@@ -60,3 +62,23 @@ def read_url(
         return fetch(url, what, timeout_s, max_bytes, data, too_large=too_large)[0]
     except FetchError as exc:
         raise (on_status(exc) if on_status and exc.status else error(str(exc))) from None
+
+
+def answer_data(
+    raw: bytes | bytearray, who: str, path: str, error: type[SourceError] = SourceError, hint: str = ""
+) -> Any:
+    """The `data` of a Prometheus-style JSON answer `{"status", "data", "error"}` (Prometheus'
+    HTTP API, the agent's), read from `who` (the source and its URL) at `path`. Else `error`
+    with one line: the server's error text, or what is wrong (not JSON, then `hint`; no status
+    "success" and no error text)."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        why = "nested too deep" if isinstance(exc, RecursionError) else printable(exc, 200)
+        raise error(f"{who}{path}: the answer is not JSON ({why}){hint}") from None
+    if not isinstance(doc, dict) or doc.get("status") != "success":
+        said = doc.get("error") if isinstance(doc, dict) else None
+        if isinstance(said, str) and said:
+            raise error(f"{who}: {printable(said, 500)}")
+        raise error(f'{who}{path}: malformed answer: no status "success" and no error text, got {quoted(doc)}')
+    return doc.get("data")

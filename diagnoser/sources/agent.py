@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import urllib.parse
 from typing import Any
 
 from kvscope.agent.recording.replay import scrape_interval as interval_of_targets
-from kvscope.core.net import printable, quoted
+from kvscope.core.net import printable
 from kvscope.core.signals import Sample, make_labels
-from kvscope.diagnoser.evaluate.frame import Frame, frame_from_samples
-from kvscope.diagnoser.sources import SourceError, answer_cap, raise_cap_hint, read_url
+from kvscope.diagnoser.evaluate.frame import Frame, frame_from_samples, merge_facts
+from kvscope.diagnoser.sources import SourceError, answer_cap, answer_data, raise_cap_hint, read_url
 
 DEFAULT_WINDOW_S = 1800.0
 PROBE_S = 3600.0
@@ -69,17 +68,7 @@ class AgentSource:
     def _get(self, path: str) -> dict[str, Any]:
         too_large = raise_cap_hint("narrow the window (--since)")
         body = read_url(self.url + path, f"agent {self.url}", self.timeout_s, answer_cap(), too_large=too_large)
-        try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            why = "nested too deep" if isinstance(exc, RecursionError) else printable(exc, 200)
-            raise SourceError(f"agent {self.url}{path.split('?')[0]}: not JSON ({why})") from None
-        if not isinstance(doc, dict) or doc.get("status") != "success":
-            error = doc.get("error") if isinstance(doc, dict) else None
-            said = printable(error, 500) if isinstance(error, str) and error else "malformed answer"
-            said += "" if error is None or isinstance(error, str) else f" (error: {quoted(error)})"
-            raise SourceError(f"agent {self.url}: {said}")
-        data = doc.get("data") or {}
+        data = answer_data(body, f"agent {self.url}", path.split("?")[0]) or {}
         if not isinstance(data, dict):
             raise SourceError(f"agent {self.url}{path.split('?')[0]}: malformed answer: data is not an object")
         return data
@@ -108,9 +97,15 @@ def parse_samples_answer(data: dict[str, Any]) -> list[Sample]:
 
 
 def parse_facts_answer(data: dict[str, Any]) -> dict[str, dict[str, str]]:
-    """`{instance: {"facts": {...}}}` -> instance -> facts (per-rank facts are merged)."""
-    out: dict[str, dict[str, str]] = {}
+    """`{instance: {"facts": {...}}}` -> instance -> facts. A fact whose value is an object is one
+    DP rank's facts; ranks are merged as every source merges them (`merge_facts`: a plain fact,
+    then the first rank, wins)."""
+    per_rank: dict[str, dict[str, dict[str, str]]] = {}
     for instance, entry in (data or {}).items():
-        facts = [v if isinstance(v, dict) else {k: v} for k, v in ((entry or {}).get("facts") or {}).items()]
-        out[str(instance)] = {str(a): str(b) for per in facts for a, b in per.items()}
-    return out
+        ranks = per_rank.setdefault(str(instance), {})
+        for k, v in ((entry or {}).get("facts") or {}).items():
+            if isinstance(v, dict):
+                ranks[str(k)] = {str(a): str(b) for a, b in v.items()}
+            else:
+                ranks.setdefault("", {})[str(k)] = str(v)
+    return merge_facts(per_rank)

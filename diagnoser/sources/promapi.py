@@ -7,7 +7,6 @@ failures into `PromError` saying what to do, and decodes matrices into float (ti
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -23,7 +22,7 @@ import msgspec
 import numpy as np
 
 from kvscope.core.net import FetchError, fetch, printable, quoted
-from kvscope.diagnoser.sources import SourceError, answer_cap, raise_cap_hint, read_url
+from kvscope.diagnoser.sources import SourceError, answer_cap, answer_data, raise_cap_hint, read_url
 
 MAX_POINTS = 11_000
 """Prometheus refuses a range query with more points per series than this."""
@@ -94,33 +93,19 @@ class PromClient:
     # ---------------------------------------------------------------- raw calls
     def _call(self, path: str, params: dict[str, str] | list[tuple[str, str]], matrix: bool = False) -> Any:
         raw = self._read(path, urllib.parse.urlencode(params).encode(), matrix)
-        try:
-            typed = doc = _typed_matrix(raw) if matrix else None
-        except ValueError as exc:
-            raise self.malformed(path, f"a matrix series' values are not [[time, value]...] ({exc})") from None
-        if typed is None:
-            doc = self._json(path, raw)
         with self._lock:
             self.stats["queries"] += 1
             self.stats["bytes"] += len(raw)
-        if typed is not None:
-            return typed
-        if not isinstance(doc, dict) or doc.get("status") != "success":
-            err = doc.get("error") if isinstance(doc, dict) else None
-            if not isinstance(err, str):
-                raise self.malformed(path, 'no status "success" and no error text', doc)
-            raise PromError(f"prometheus {self.url}: {printable(err, 500)}")
-        return doc.get("data")
-
-    def _json(self, path: str, raw: bytes | bytearray) -> Any:
         try:
-            return json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            why = "nested too deep" if isinstance(exc, RecursionError) else printable(exc, 200)
-            raise PromError(
-                f"prometheus {self.url}{path}: the answer is not JSON ({why}); is {self.url} the "
-                "base URL of a Prometheus-compatible API?"
-            ) from None
+            typed = _typed_matrix(raw) if matrix else None
+        except ValueError as exc:
+            raise self.malformed(path, f"a matrix series' values are not [[time, value]...] ({exc})") from None
+        return typed if typed is not None else self._data(path, raw)
+
+    def _data(self, path: str, raw: bytes | bytearray) -> Any:
+        """The answer's `data` (`answer_data`); PromError for an error or malformed answer."""
+        hint = f"; is {self.url} the base URL of a Prometheus-compatible API?"
+        return answer_data(raw, f"prometheus {self.url}", path, PromError, hint)
 
     def malformed(self, path: str, what: str, got: Any = None) -> PromError:
         """The error for an answer of the wrong shape: where, what was expected, what came."""
@@ -201,8 +186,7 @@ class PromClient:
         return self._flavor
 
     def _get(self, path_qs: str) -> Any:
-        doc = self._json(path_qs.split("?")[0], self._read(path_qs))
-        return doc.get("data") if isinstance(doc, dict) else None
+        return self._data(path_qs.split("?")[0], self._read(path_qs))
 
     def _read(self, path: str, form: bytes | None = None, matrix: bool = False) -> bytearray:
         """The answer's body (a form POST when `form`); PromError for every failure. A `matrix`

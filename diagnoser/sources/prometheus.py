@@ -19,8 +19,9 @@ from kvscope.agent.normalize.dialect import Mapper, Normalized, detect_engine
 from kvscope.agent.scrape.exposition import Exposition, RawSample
 from kvscope.core.rates import configured_interval
 from kvscope.core.signals import KVSCOPE_PREFIX, Catalog, Labels, load_catalog, make_labels, signal_of
-from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, make_grid, merge_facts
-from kvscope.diagnoser.promql.signals import quote
+from kvscope.diagnoser.evaluate.frame import DEFAULT_LOOKBACK_S, Block, Frame, blocks_of, make_grid, merge_facts
+from kvscope.diagnoser.evaluate.grid import ffill
+from kvscope.diagnoser.promql.signals import quote, ray_spelling
 from kvscope.diagnoser.sources.promapi import PromClient, as_points, matrix_on_grid
 
 DEFAULT_WINDOW_S = 1800.0
@@ -165,15 +166,12 @@ def _concat_frames(frames: list[Frame], grid: np.ndarray) -> Frame:
     """Frames of disjoint scrape targets -> one, rows in label order (as one answer would give)."""
     if len(frames) == 1:
         return frames[0]
-    out = Frame(ts=grid)
-    parts: dict[str, list[tuple[Labels, np.ndarray]]] = defaultdict(list)
+    rows = (
+        (name, *row) for f in frames for name, b in f.blocks.items() for row in zip(b.labels, b.values, strict=True)
+    )
+    out = Frame(ts=grid, blocks=blocks_of(rows))
     for frame in frames:
-        for name, block in frame.blocks.items():
-            parts[name].extend(zip(block.labels, block.values, strict=True))
         out.facts.update(frame.facts)
-    for name, rows in parts.items():
-        rows.sort(key=lambda r: r[0])
-        out.blocks[name] = Block([r[0] for r in rows], np.vstack([r[1] for r in rows]))
     return out
 
 
@@ -196,9 +194,7 @@ def wire_pattern(names: set[str], catalog: Catalog, facts: bool = False) -> str:
         groups[f"({'|'.join(tails)})" if tails else any_part].update(a.name for a in signal.aliases)
     if facts:
         groups[any_part].update(f.name for f in catalog.facts)
-    spelled = {
-        sfx: {re.escape(w) for d in declared for w in (d, d.replace(":", "_", 1))} for sfx, declared in groups.items()
-    }
+    spelled = {sfx: {re.escape(w) for d in declared for w in (d, ray_spelling(d))} for sfx, declared in groups.items()}
     parts = [f"(({'|'.join(sorted(alts))}){sfx})" for sfx, alts in sorted(spelled.items())]
     kv = "|".join(sorted(re.escape(KVSCOPE_PREFIX + n) for n in names))
     return "|".join(parts or ["($^)"]) + f"|({kv})"
@@ -260,15 +256,11 @@ def frame_from_matrix(
         _map_target(target, catalog, rows, facts, engines)
     # a TSDB scraping both the engine and the agent holds a series twice: the native one wins
     rows.update((key, row) for key, row in exported.items() if key not in rows)
-    blocks: dict[str, tuple[list[Labels], list[np.ndarray]]] = defaultdict(lambda: ([], []))
-    for (name, labels), (_kind, row) in sorted(rows.items()):
-        if names is not None and name not in names:
-            continue
-        labels_list, vals = blocks[name]
-        labels_list.append(labels)
-        vals.append(row)
+    blocks = blocks_of(
+        (name, labels, row) for (name, labels), (_, row) in rows.items() if names is None or name in names
+    )
     limit = _carry_steps(step, lookback_s)
-    frame = Frame(ts=grid, blocks={k: Block(lab, _carry(np.vstack(v), limit)) for k, (lab, v) in blocks.items()})
+    frame = Frame(ts=grid, blocks={k: Block(b.labels, ffill(b.values, limit)) for k, b in blocks.items()})
     frame.facts = merge_facts(facts)
     return frame
 
@@ -371,17 +363,3 @@ def _combine(rows: dict, name: str, labels: Labels, how: str, vals: np.ndarray) 
 def _carry_steps(step: float, lookback_s: float) -> int:
     """How many grid steps a point is carried: while (t - t_point) < lookback."""
     return max(0, int(np.ceil(lookback_s / step - 1e-9)) - 1)
-
-
-def _carry(rows: np.ndarray, limit: int) -> np.ndarray:
-    """Points the answer lacks (a row per series) filled from the previous point of their row at
-    most `limit` steps back."""
-    present = ~np.isnan(rows)
-    if present.all() or not present.any() or limit <= 0:
-        return rows
-    k = np.arange(rows.shape[1])
-    last = np.maximum.accumulate(np.where(present, k, -1), axis=1)
-    ok = (last >= 0) & (k - last <= limit)
-    out = np.full(rows.shape, np.nan)
-    out[ok] = rows[np.nonzero(ok)[0], last[ok]]
-    return out

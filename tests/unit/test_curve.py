@@ -12,7 +12,7 @@ import pytest
 
 from kvscope.core.signals import make_labels
 from kvscope.diagnoser.curve.intervals import pool_intervals
-from kvscope.diagnoser.curve.operating import PLACING, knee, operating_point
+from kvscope.diagnoser.curve.operating import PLACING, operating_point
 from kvscope.diagnoser.curve.points import curve_points
 from kvscope.diagnoser.curve.report import (
     changes_text,
@@ -112,7 +112,8 @@ def test_sparse_bucket_is_flagged_and_not_a_knee():
     conc = [1.0] * 8 + [2.0] * 8 + [3.0] * 8 + [16.0] * 3  # the saturated bucket has 3 intervals
     pts = curve_points(pool_intervals(synth(conc))[("m", "vllm")])
     assert pts[-1].sparse and pts[-1].ttft_p99_s > 2  # kept as measured, flagged
-    assert knee(pts) == (None, [], None)
+    op = operating_point(pts, None, slo_s=1.0)
+    assert (op.knee_concurrency, op.knee_signs, op.knee_sign) == (None, [], None)
 
 
 def test_knee_read_over_buckets_too_thin_alone():

@@ -11,7 +11,7 @@ import pytest
 
 from kvscope.core.signals import make_labels
 from kvscope.diagnoser.curve.intervals import CONCURRENCY, little_concurrency, pool_intervals, weigh
-from kvscope.diagnoser.curve.operating import knee
+from kvscope.diagnoser.curve.operating import operating_point
 from kvscope.diagnoser.curve.points import curve_points
 from kvscope.diagnoser.curve.report import pool_curves, render_text, to_json
 from kvscope.diagnoser.evaluate.frame import Block, Frame
@@ -209,9 +209,13 @@ def test_without_a_running_cap_the_knee_is_placed_by_the_queue_and_flat_throughp
     """The records give no running gauge per bucket: running_pinned is not read, and the same
     bucket is placed by requests waiting while throughput gains flatten."""
     pts = curve_points(pool_intervals(max_num_seqs_staircase())[POOL])
-    with_cap = knee(pts, running_max=16.0)
-    assert with_cap[2] == "running_pinned"
-    assert knee(pts, running_max=None) == (with_cap[0], ["requests_wait", "throughput_flat"], "throughput_flat")
+    with_cap, without = (operating_point(pts, None, 1.0, running_max=cap) for cap in (16.0, None))
+    assert with_cap.knee_sign == "running_pinned"
+    assert (without.knee_concurrency, without.knee_signs, without.knee_sign) == (
+        with_cap.knee_concurrency,
+        ["requests_wait", "throughput_flat"],
+        "throughput_flat",
+    )
 
 
 def test_a_scrape_gap_cuts_the_span_to_the_interval_itself():

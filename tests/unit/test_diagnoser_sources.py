@@ -7,6 +7,7 @@ import re
 import numpy as np
 
 from kvscope.core.signals import load_catalog
+from kvscope.diagnoser.evaluate.frame import merge_facts
 from kvscope.diagnoser.sources.agent import parse_facts_answer, parse_samples_answer
 from kvscope.diagnoser.sources.prometheus import frame_from_matrix, selector_for, wire_pattern
 
@@ -192,6 +193,12 @@ def test_agent_answers_parse_into_samples_and_merged_facts():
     assert [(s.timestamp, s.value) for s in parse_samples_answer(data)] == [(1.0, 2.0), (2.0, 3.0)]
     facts = parse_facts_answer({"r0": {"engine": "vllm", "facts": {"0": {"enable_prefix_caching": "True"}}}})
     assert facts == {"r0": {"enable_prefix_caching": "True"}}
+
+
+def test_agent_facts_merge_ranks_as_every_source_does():
+    # DP ranks that disagree: rank 0 wins, as in a recording or Prometheus (before: the last rank)
+    ranks = {"0": {"max_num_seqs": "256"}, "1": {"max_num_seqs": "128"}}
+    assert parse_facts_answer({"r0": {"facts": ranks}}) == merge_facts({"r0": ranks}) == {"r0": {"max_num_seqs": "256"}}
 
 
 def test_frame_from_matrix_reads_a_series_held_natively_and_as_the_agents_reexport_once():

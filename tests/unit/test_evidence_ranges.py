@@ -63,6 +63,14 @@ def test_range_used_matches_the_promql_range():
     assert range_used(_rule(0.01), "slope", 2.0) == 6.0
 
 
+def test_a_slope_prints_the_three_steps_the_evaluator_reads():
+    # 2m at x0.01 is 1.2 s: on a 2 s grid the evaluator fits the slope over 3 steps, and so does
+    # the PromQL text (it printed `deriv(...[2s:2s])`)
+    rule = _rule(0.01)
+    assert "[6s:2s]" in promql(rule, "slope", 2.0)
+    assert range_used(rule, "slope", 2.0) == 6.0
+
+
 def test_a_grid_step_off_the_second_renders_as_prometheus_writes_it():
     text = promql(_rule(0.15), "w_avg", step=10.001)  # --step 10.001: a step no recording is read at
     assert "[10s1ms:10s1ms]" in text
