@@ -21,13 +21,11 @@ from typing import Any
 from kvscope.agent import collectors as collectors_pkg
 from kvscope.agent.collectors.base import Collection, Collector, Health, registered_collectors
 from kvscope.agent.config import AgentConfig
+from kvscope.agent.derive.hooks import DeriveHook
 from kvscope.agent.ratelog import ChangeLog, warn_every
 from kvscope.core.signals import Labels, NameTest, Sample, make_labels
 
 log = logging.getLogger("kvscope.agent")
-
-DeriveHook = Callable[[Sequence[Sample]], Iterable[Sample]]
-"""Called once per cycle with the cycle's canonical samples; what it returns is stored too."""
 
 _MODULE_ERRORS: dict[str, str] = {}
 GC_YOUNG_THRESHOLD = 10_000

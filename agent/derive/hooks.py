@@ -3,11 +3,17 @@ for `kvscope agent` and the integration harness, so a hook added here runs every
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
+
 from kvscope.agent.config import AgentConfig
 from kvscope.agent.derive.cascade import CascadeWindow
 from kvscope.agent.derive.fairness import fairness_hook
 from kvscope.agent.derive.gpu_join import engine_gpu_hook
-from kvscope.agent.runtime import DeriveHook
+from kvscope.core.signals import Sample
+
+DeriveHook = Callable[[Sequence[Sample]], Iterable[Sample]]
+"""A derive hook, which the agent's runtime calls once per cycle with the cycle's canonical
+samples; what it returns is stored too."""
 
 
 def fairness_window_s(config: AgentConfig) -> float:

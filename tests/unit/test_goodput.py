@@ -108,7 +108,7 @@ def test_goodput_command_prints_bounds_and_refuses_bad_objectives(capsys):
 
 
 def test_the_weekly_report_shows_goodput_beside_output_tokens():
-    from kvscope.report.render import _table, pool_columns
+    from kvscope.report.render import format_table, pool_columns
     from kvscope.report.weekly.series import report_window
     from kvscope.report.weekly.week import compute_week
 
@@ -116,7 +116,7 @@ def test_the_weekly_report_shows_goodput_beside_output_tokens():
     week = compute_week(frame, float(frame.ts[0]), float(frame.ts[-1]), 2.0)
     (expected,) = pool_goodput(frame)  # the generated rules' default objectives: TTFT <= 1 s
     assert expected.goodput.upper is not None
-    head, row = _table(week.pools, pool_columns(), "Pool")
+    head, row = format_table(week.pools, pool_columns(), "Pool")
     assert head[1:3] == ["Output tokens", "Goodput (TTFT <= 1s for 0.99 of requests)"]
     assert row[0] == "tiny-llama / unified" and row[2] == f"{expected.goodput.upper:.1%}"
 
