@@ -100,11 +100,16 @@ def block_weights(
         blocks += [mine[i : i + size] for i in range(0, len(mine), size)]
     draws = math.ceil(n / size) + 1
     picks = rng.integers(0, len(blocks), size=(replicates, draws))
-    weights = np.zeros((replicates, n))
-    for r in range(replicates):
-        taken = np.concatenate([blocks[b] for b in picks[r]])[:n]
-        np.add.at(weights[r], taken, 1.0)
-    return weights
+    # each replicate's drawn blocks end to end, cut at n intervals: the blocks as rows padded
+    # with -1 (a unit's last block can be short), the padding skipped in the count
+    padded = np.full((len(blocks), size), -1)
+    for i, block in enumerate(blocks):
+        padded[i, : len(block)] = block
+    taken = padded[picks].reshape(replicates, draws * size)
+    kept = (taken >= 0) & (np.cumsum(taken >= 0, axis=1) <= n)
+    replicate = np.broadcast_to(np.arange(replicates)[:, None], taken.shape)
+    counts = np.bincount(replicate[kept] * n + taken[kept], minlength=replicates * n)
+    return counts.reshape(replicates, n).astype(float)
 
 
 def quantile_stat(name: str, q: float) -> Stat:
