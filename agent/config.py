@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import ipaddress
 import math
 import os
 import re
@@ -24,7 +23,7 @@ from urllib.parse import SplitResult, urlsplit
 import yaml
 
 from kvscope.core.objectives import ObjectiveSet, merge_flags, parse_objectives
-from kvscope.core.scalars import parse_bool, parse_duration
+from kvscope.core.scalars import parse_bool, parse_duration, split_host_port
 from kvscope.core.signals import load_catalog
 
 LIMIT_KEYS = ("sample_limit", "label_limit", "label_name_length_limit", "label_value_length_limit")
@@ -73,20 +72,6 @@ def parse_count(value: Any) -> int:
     if isinstance(value, bool) or not str(value).strip().isdecimal() or not str(value).strip().isascii():
         raise ValueError("not a count")
     return int(str(value).strip())
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """A listen address, `host:port` or `[v6]:port` -> (host, port): the host an IP address or a
-    name, none for 127.0.0.1; the port 0-65535 (0 picks a free one). Raises ValueError."""
-    host, sep, port = address.rpartition(":")
-    name = host.strip("[]")
-    try:
-        host_ok = not name or ipaddress.ip_address(name) is not None
-    except ValueError:
-        host_ok = re.fullmatch(r"[A-Za-z0-9.-]+", host) is not None
-    if not (sep and host_ok and re.fullmatch(r"[0-9]{1,5}", port) and int(port) < 65536):
-        raise ValueError(f"not host:port: {address!r}")
-    return name or "127.0.0.1", int(port)
 
 
 parse_seconds = partial(parse_duration, loose=True)

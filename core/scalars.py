@@ -1,5 +1,5 @@
 """The one reader of each scalar that config files, flags, rule files and payloads write as text:
-durations, booleans and timestamps.
+durations, booleans, timestamps and listen addresses (`host:port`).
 
 Every package imports it, so it sits in the shared kernel (core/) and imports nothing
 of kvscope's (docs/architecture.md, "Layout"). A caller whose input legitimately differs picks
@@ -8,6 +8,7 @@ an option (`loose`) and words its own error around the ValueError; it never keep
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -108,3 +109,17 @@ def iso_utc(t: float) -> str:
         return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     except (ValueError, OverflowError, OSError):
         return f"{t:g}"
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """A listen address, `host:port` or `[v6]:port` -> (host, port): the host an IP address or a
+    name, none for 127.0.0.1; the port 0-65535 (0 picks a free one). Raises ValueError."""
+    host, sep, port = address.rpartition(":")
+    name = host.strip("[]")
+    try:
+        host_ok = not name or ipaddress.ip_address(name) is not None
+    except ValueError:
+        host_ok = re.fullmatch(r"[A-Za-z0-9.-]+", host) is not None
+    if not (sep and host_ok and re.fullmatch(r"[0-9]{1,5}", port) and int(port) < 65536):
+        raise ValueError(f"not host:port: {address!r}")
+    return name or "127.0.0.1", int(port)

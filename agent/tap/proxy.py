@@ -26,7 +26,6 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from kvscope.agent.config import split_host_port
 from kvscope.agent.metricsets import CounterSet
 from kvscope.agent.serve.export import canonical_families
 from kvscope.agent.serve.limits import Refused, connection_cap, http_answer, worth_a_warning
@@ -48,6 +47,7 @@ from kvscope.agent.tap.sse import parse_json_object, parse_usage
 from kvscope.agent.tenants import TenantLimiter, clean_id, parse_tenant
 from kvscope.agent.traces.otlp import Span
 from kvscope.core.objectives import ObjectiveSet
+from kvscope.core.scalars import split_host_port
 from kvscope.core.signals import Sample, load_catalog, make_labels
 
 log = logging.getLogger("kvscope.tap")

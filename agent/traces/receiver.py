@@ -30,7 +30,6 @@ from kvscope.agent.config import (
     register_section,
     section_values,
     size_key,
-    split_host_port,
 )
 from kvscope.agent.metricsets import PHASE_BUCKETS, HistogramSet
 from kvscope.agent.ratelog import warn_every
@@ -40,6 +39,7 @@ from kvscope.agent.traces.otlp import JSON, OtlpDecodeError, decompress, parse_o
 from kvscope.agent.traces.stitch import RequestRecord, StitchConfig, TraceStitcher, observe_phases
 from kvscope.agent.traces.tenants import TenantAccounting
 from kvscope.core.resolve import Connector
+from kvscope.core.scalars import split_host_port
 
 log = logging.getLogger("kvscope.traces")
 

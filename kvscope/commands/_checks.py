@@ -14,7 +14,7 @@ import zlib
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from kvscope.core.scalars import parse_duration, parse_timestamp
+from kvscope.core.scalars import parse_duration, parse_timestamp, split_host_port
 
 SNIFF_BYTES = 8192
 _SAMPLE_LINE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})?\s+[-+]?([0-9.]|Inf|NaN)", re.IGNORECASE)
@@ -133,11 +133,14 @@ def parse_time(flag: str, value: str) -> float:
 
 
 def parse_listen(flag: str, value: str) -> tuple[str, int]:
-    """'HOST:PORT' (HOST may be empty for 127.0.0.1, or a [v6] literal) -> (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{flag}: expected HOST:PORT with a port 0-65535 such as 127.0.0.1:9465, got {value!r}")
-    return (host.strip("[]") or "127.0.0.1"), int(port)
+    """'HOST:PORT' (HOST may be empty for 127.0.0.1, or a [v6] literal) -> (host, port), as
+    core.scalars.split_host_port reads every listen address; ValueError naming `flag` otherwise."""
+    try:
+        return split_host_port(value)
+    except ValueError:
+        raise ValueError(
+            f"{flag}: expected HOST:PORT with a port 0-65535 such as 127.0.0.1:9465, got {value!r}"
+        ) from None
 
 
 def check_port_free(flag: str, host: str, port: int) -> None:
