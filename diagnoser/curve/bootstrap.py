@@ -35,8 +35,12 @@ REPLICATES = 400
 SEED = 55
 LEVEL = 0.95
 
-Stat = Callable[[Intervals, np.ndarray], np.ndarray]
-"""(intervals of one bucket-side, replicate weights [replicates, rows]) -> the metric per replicate."""
+Totals = Callable[[np.ndarray], np.ndarray]
+"""x [rows] or [rows, k] -> per replicate the sum of x over its rows, each weighed by how often the
+replicate holds it: [replicates] or [replicates, k]."""
+
+Stat = Callable[[Intervals, Totals], np.ndarray]
+"""(intervals of one bucket-side, their `Totals`) -> the metric per replicate."""
 
 
 def _acf(series: list[np.ndarray], lags: int) -> np.ndarray:
@@ -82,12 +86,24 @@ def block_length(iv: Intervals, series: str = "engine_generation_tokens_total") 
     return max(1.0, (2.0 * g * g / d) ** (1 / 3) * n ** (1 / 3))
 
 
-def block_weights(
-    iv: Intervals, rows: np.ndarray, rng: np.random.Generator, replicates: int, length: float
-) -> np.ndarray:
-    """[replicates, len(rows)]: how often each row is drawn in each replicate, drawing blocks of
-    `length` consecutive intervals (per instance, in time) with replacement until the replicate
-    holds at least as many intervals as the side."""
+def weighted(w: np.ndarray) -> Totals:
+    """Totals under explicit weights [replicates, rows] (the point estimate: one replicate)."""
+    return lambda x: w @ x
+
+
+def resampled(
+    iv: Intervals,
+    rows: np.ndarray,
+    rng: np.random.Generator,
+    replicates: int,
+    length: float,
+    scale: np.ndarray | None = None,
+) -> Totals:
+    """Totals over `replicates` resamples of `rows` (each row times its `scale`): blocks of `length`
+    consecutive intervals (per instance, in time) drawn with replacement until the replicate holds
+    as many intervals as the side, the last block drawn cut there. A replicate's total is the sum
+    over the blocks it drew of each block's total, plus the cut block's first rows: the rows'
+    weights are never written out ([replicates, rows] for every metric)."""
     n = len(rows)
     # at most min(3 sqrt(n), n / 3) (Patton's bound on the estimate): at least three blocks, so a
     # side whose drift is as long as the side itself never resamples into one block, which
@@ -100,26 +116,44 @@ def block_weights(
         blocks += [mine[i : i + size] for i in range(0, len(mine), size)]
     draws = math.ceil(n / size) + 1
     picks = rng.integers(0, len(blocks), size=(replicates, draws))
-    # each replicate's drawn blocks end to end, cut at n intervals: the blocks as rows padded
-    # with -1 (a unit's last block can be short), the padding skipped in the count
-    padded = np.full((len(blocks), size), -1)
+    # the blocks as rows padded with n (a unit's last block can be short), n reading a zero row
+    padded = np.full((len(blocks), size), n)
     for i, block in enumerate(blocks):
         padded[i, : len(block)] = block
-    taken = padded[picks].reshape(replicates, draws * size)
-    kept = (taken >= 0) & (np.cumsum(taken >= 0, axis=1) <= n)
-    replicate = np.broadcast_to(np.arange(replicates)[:, None], taken.shape)
-    counts = np.bincount(replicate[kept] * n + taken[kept], minlength=replicates * n)
-    return counts.reshape(replicates, n).astype(float)
+    lens = np.array([len(b) for b in blocks])[picks]
+    taken = np.cumsum(lens, axis=1)
+    # each replicate's blocks end to end: those that end within n intervals count whole, the one
+    # that crosses n counts its first n - (what came before) rows
+    each = np.arange(replicates)
+    whole = np.bincount((each[:, None] * len(blocks) + picks)[taken <= n], minlength=replicates * len(blocks))
+    whole = whole.reshape(replicates, len(blocks)).astype(float)
+    cut = np.argmax(taken > n, axis=1)
+    cut_block = picks[each, cut]
+    cut_rows = np.where(taken[:, -1] > n, n - (taken[each, cut] - lens[each, cut]), 0)
+
+    def totals(x: np.ndarray) -> np.ndarray:
+        x2 = x.reshape(n, -1) * (1.0 if scale is None else scale[:, None])
+        within = np.cumsum(np.vstack([x2, np.zeros((1, x2.shape[1]))])[padded], axis=1)
+        head = np.concatenate([np.zeros((len(blocks), 1, x2.shape[1])), within], axis=1)
+        out = whole @ within[:, -1] + head[cut_block, cut_rows]
+        return out.reshape(replicates, *x.shape[1:])
+
+    return totals
+
+
+def _absent(iv: Intervals, totals: Totals) -> np.ndarray:
+    """NaN for every replicate (the metric's series are absent)."""
+    return np.full(len(totals(np.empty((len(iv), 0)))), np.nan)
 
 
 def quantile_stat(name: str, q: float) -> Stat:
     """The q-quantile of the merged increases of histogram `name` per replicate (NaN: none)."""
 
-    def stat(iv: Intervals, w: np.ndarray) -> np.ndarray:
+    def stat(iv: Intervals, totals: Totals) -> np.ndarray:
         if name not in iv.hists:
-            return np.full(len(w), np.nan)
+            return _absent(iv, totals)
         les, arr = iv.hists[name]
-        return quantile_from_planes(q, les, np.maximum.accumulate(w @ np.nan_to_num(arr), axis=1).T)
+        return quantile_from_planes(q, les, np.maximum.accumulate(totals(np.nan_to_num(arr)), axis=1).T)
 
     return stat
 
@@ -129,15 +163,13 @@ def ratio_stat(num: str, den: str | None, seconds: float = 1.0) -> Stat:
     where both are present; `den` None: per interval of `seconds`, a row holding `iv.weight`
     engine-intervals). NaN where absent."""
 
-    def stat(iv: Intervals, w: np.ndarray) -> np.ndarray:
+    def stat(iv: Intervals, totals: Totals) -> np.ndarray:
         a = iv.counters.get(num)
-        if a is None:
-            return np.full(len(w), np.nan)
-        b = iv.counters.get(den) if den else np.full(len(a), seconds) * (1.0 if iv.weight is None else iv.weight)
-        if b is None:
-            return np.full(len(w), np.nan)
+        b = iv.counters.get(den) if den else np.full(len(iv), seconds) * (1.0 if iv.weight is None else iv.weight)
+        if a is None or b is None:
+            return _absent(iv, totals)
         ok = ~np.isnan(a) & ~np.isnan(b)
-        top, bottom = w[:, ok] @ a[ok], w[:, ok] @ b[ok]
+        top, bottom = totals(np.where(ok[:, None], np.column_stack([a, b]), 0.0)).T
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             return np.where(bottom > 0, top / np.where(bottom > 0, bottom, 1.0), np.nan)
@@ -180,14 +212,12 @@ def matched_replicates(
     for k, bucket in enumerate(buckets):
         for side, iv in enumerate((before, after)):
             rows, scale = bucket.side(side)
-            w = block_weights(iv, rows, rng, replicates, lengths[side])
-            if scale is not None:
-                w = w * scale
+            totals = resampled(iv, rows, rng, replicates, lengths[side], scale)
             part = iv.take(np.isin(np.arange(len(iv)), rows))
             for m, stat in stats.items():
                 if only and m in only and not only[m][k]:
                     continue
-                v = stat(part, w)
+                v = stat(part, totals)
                 have = ~np.isnan(v)
                 sums[m][side] += np.where(have, v * bucket.weight, 0.0)
                 weights[m][side] += np.where(have, bucket.weight, 0.0)

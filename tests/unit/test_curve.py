@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -417,12 +418,41 @@ def test_a_different_token_mix_at_matched_concurrency_is_not_judged():
 def test_a_block_as_long_as_the_side_never_collapses_the_bootstrap():
     """A side that drifts as slowly as it is long gets an estimated block length beyond its size;
     resampling one block would repeat the side in every replicate (an interval of zero width)."""
-    from kvscope.diagnoser.curve.bootstrap import block_weights
+    from kvscope.diagnoser.curve.bootstrap import resampled
 
     (iv,) = pool_intervals(synth([4.0] * 30)).values()
     rows = np.arange(len(iv))
-    w = block_weights(iv, rows, np.random.default_rng(0), 50, length=1e9)
-    assert w.sum(axis=1).min() >= len(rows) and len({tuple(r) for r in w}) > 1
+    w = resampled(iv, rows, np.random.default_rng(0), 50, length=1e9)(np.eye(len(rows)))
+    assert (w.sum(axis=1) == len(rows)).all() and len({tuple(r) for r in w}) > 1
+
+
+@pytest.mark.parametrize("length", [1.0, 2.5, 7.0])
+def test_resampled_totals_are_the_drawn_blocks_cut_at_the_side(length):
+    """The plain definition, replicate by replicate: blocks of consecutive intervals of one
+    instance drawn end to end with replacement, the rows taken until the side's count; a row's
+    weight is how often it was taken, times its scale."""
+    from kvscope.diagnoser.curve.bootstrap import resampled
+
+    gen = np.random.default_rng(7)
+    # three instances' intervals in no order, of unequal counts (short last blocks)
+    iv = SimpleNamespace(
+        unit=gen.permutation(np.repeat([0, 1, 2], [23, 17, 11])), t_end=gen.permutation(np.arange(51.0))
+    )
+    rows = np.flatnonzero(np.arange(51) % 3 != 1)  # a bucket's rows: not every interval
+    n = len(rows)
+    scale = gen.uniform(0.5, 2.0, n)
+    x = gen.normal(size=(n, 4))
+    got = resampled(iv, rows, np.random.default_rng(5), 40, length, scale)(x)
+    size = max(1, min(math.ceil(length), math.ceil(min(3 * math.sqrt(n), n / 3))))
+    blocks = []
+    for u in np.unique(iv.unit[rows]):
+        mine = [i for i in np.argsort(iv.t_end[rows], kind="stable") if iv.unit[rows][i] == u]
+        blocks += [mine[i : i + size] for i in range(0, len(mine), size)]
+    picks = np.random.default_rng(5).integers(0, len(blocks), size=(40, math.ceil(n / size) + 1))
+    for r in range(40):
+        taken = [i for b in picks[r] for i in blocks[b]][:n]
+        weights = np.bincount(taken, minlength=n) * scale
+        assert got[r] == pytest.approx(weights @ x, rel=1e-12, abs=1e-12)
 
 
 def test_a_restart_is_where_the_recorded_restart_count_rises():
