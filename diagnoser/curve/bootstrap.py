@@ -109,24 +109,26 @@ def resampled(
     # side whose drift is as long as the side itself never resamples into one block, which
     # would repeat the side and give an interval of zero width
     size = max(1, min(math.ceil(length), math.ceil(min(3 * math.sqrt(n), n / 3))))
-    blocks: list[np.ndarray] = []
-    for u in np.unique(iv.unit[rows]):
-        mine = np.flatnonzero(iv.unit[rows] == u)
-        mine = mine[np.argsort(iv.t_end[rows][mine], kind="stable")]
-        blocks += [mine[i : i + size] for i in range(0, len(mine), size)]
+    # each instance's rows in time order, cut into blocks of `size`: block b holds padded[b, :lens[b]]
+    # (a unit's last block can be short; the padding, n, reads a zero row)
+    order = np.lexsort((iv.t_end[rows], iv.unit[rows]))  # by instance, then in time
+    unit = iv.unit[rows][order]
+    starts = np.flatnonzero(np.r_[True, unit[1:] != unit[:-1]])
+    counts = np.diff(np.r_[starts, n])  # rows per instance
+    at = np.arange(n) - np.repeat(starts, counts)  # each row's position in its instance
+    per_unit = -(-counts // size)  # blocks per instance
+    block = np.repeat(np.cumsum(per_unit) - per_unit, counts) + at // size
+    padded = np.full((int(per_unit.sum()), size), n)
+    padded[block, at % size] = order
     draws = math.ceil(n / size) + 1
-    picks = rng.integers(0, len(blocks), size=(replicates, draws))
-    # the blocks as rows padded with n (a unit's last block can be short), n reading a zero row
-    padded = np.full((len(blocks), size), n)
-    for i, block in enumerate(blocks):
-        padded[i, : len(block)] = block
-    lens = np.array([len(b) for b in blocks])[picks]
+    picks = rng.integers(0, len(padded), size=(replicates, draws))
+    lens = np.bincount(block, minlength=len(padded))[picks]
     taken = np.cumsum(lens, axis=1)
     # each replicate's blocks end to end: those that end within n intervals count whole, the one
     # that crosses n counts its first n - (what came before) rows
     each = np.arange(replicates)
-    whole = np.bincount((each[:, None] * len(blocks) + picks)[taken <= n], minlength=replicates * len(blocks))
-    whole = whole.reshape(replicates, len(blocks)).astype(float)
+    whole = np.bincount((each[:, None] * len(padded) + picks)[taken <= n], minlength=replicates * len(padded))
+    whole = whole.reshape(replicates, len(padded)).astype(float)
     cut = np.argmax(taken > n, axis=1)
     cut_block = picks[each, cut]
     cut_rows = np.where(taken[:, -1] > n, n - (taken[each, cut] - lens[each, cut]), 0)
@@ -134,7 +136,7 @@ def resampled(
     def totals(x: np.ndarray) -> np.ndarray:
         x2 = x.reshape(n, -1) * (1.0 if scale is None else scale[:, None])
         within = np.cumsum(np.vstack([x2, np.zeros((1, x2.shape[1]))])[padded], axis=1)
-        head = np.concatenate([np.zeros((len(blocks), 1, x2.shape[1])), within], axis=1)
+        head = np.concatenate([np.zeros((len(padded), 1, x2.shape[1])), within], axis=1)
         out = whole @ within[:, -1] + head[cut_block, cut_rows]
         return out.reshape(replicates, *x.shape[1:])
 
