@@ -91,9 +91,6 @@ class TapConfig:
         if not all(v > 0 for v in limits):
             raise ValueError("max_connections, header/request/idle timeouts must be positive")
 
-    def host_port(self) -> tuple[str, int]:
-        return split_host_port(self.listen)
-
 
 def _hex(nbytes: int) -> str:
     """A random non-zero id (W3C trace / span id), without a system call per id."""
@@ -178,7 +175,7 @@ class RequestTap:
         if self._server is not None:
             return
         loop = asyncio.get_running_loop()
-        host, port = self.config.host_port()
+        host, port = split_host_port(self.config.listen)
         self.max_connections = connection_cap(self.config.max_connections, "tap", fds_each=2, reserve=256)
         self._server = await loop.create_server(self._accept, host, port, backlog=BACKLOG)
         self.port = self._server.sockets[0].getsockname()[1]
