@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from kvscope.agent.metricsets import CounterSet
-from kvscope.agent.serve.export import canonical_families
+from kvscope.agent.serve.export import CONTENT_TYPE, canonical_families
 from kvscope.agent.serve.limits import Refused, connection_cap, http_answer, worth_a_warning
 from kvscope.agent.tap.exchange import Exchange
 from kvscope.agent.tap.forward import Forward
@@ -241,7 +241,7 @@ class RequestTap:
     # ------------------------------------------------------------ proxying
     def _on_request(self, conn: Downstream, req: Request) -> None:
         if req.method == "GET" and req.path == "/kvscope/metrics":
-            conn.send_whole(200, self.render_metrics_text().encode(), b"text/plain; version=0.0.4; charset=utf-8")
+            conn.send_whole(200, self.render_metrics_text().encode(), CONTENT_TYPE.encode())
             return
         if req.method == "GET" and req.path in self.json_pages:
             conn.send_whole(200, json.dumps(self.json_pages[req.path](self.render_samples())).encode())
