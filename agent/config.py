@@ -230,10 +230,6 @@ class AgentConfig:
         c = self.collectors.get(name)
         return dict(c.options) if c else {}
 
-    @property
-    def listen_host_port(self) -> tuple[str, int]:
-        return split_host_port(self.listen_address)
-
 
 # ------------------------------------------------------------------------------------------- layers
 

@@ -42,7 +42,6 @@ class Payload:
 
     text: str
     openmetrics: bool  # the server said application/openmetrics-text
-    size_bytes: int
 
 
 async def read_exposition(session: aiohttp.ClientSession, url: str, timeout_s: float, max_bytes: int) -> Payload:
@@ -64,7 +63,7 @@ async def read_exposition(session: aiohttp.ClientSession, url: str, timeout_s: f
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ScrapeError("decode_error", f"not UTF-8 at byte {e.start}") from None
-    return Payload(text, ctype.startswith("application/openmetrics-text"), len(body))
+    return Payload(text, ctype.startswith("application/openmetrics-text"))
 
 
 async def _body(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes:

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from kvscope.agent.metricsets import CounterSet
-from kvscope.agent.serve.export import canonical_families
+from kvscope.agent.serve.export import CONTENT_TYPE, canonical_families
 from kvscope.agent.serve.limits import Refused, connection_cap, http_answer, worth_a_warning
 from kvscope.agent.tap.exchange import Exchange
 from kvscope.agent.tap.forward import Forward
@@ -90,9 +90,6 @@ class TapConfig:
         limits = (self.header_timeout_s, self.request_timeout_s, self.idle_timeout_s, self.max_connections)
         if not all(v > 0 for v in limits):
             raise ValueError("max_connections, header/request/idle timeouts must be positive")
-
-    def host_port(self) -> tuple[str, int]:
-        return split_host_port(self.listen)
 
 
 def _hex(nbytes: int) -> str:
@@ -178,7 +175,7 @@ class RequestTap:
         if self._server is not None:
             return
         loop = asyncio.get_running_loop()
-        host, port = self.config.host_port()
+        host, port = split_host_port(self.config.listen)
         self.max_connections = connection_cap(self.config.max_connections, "tap", fds_each=2, reserve=256)
         self._server = await loop.create_server(self._accept, host, port, backlog=BACKLOG)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -244,7 +241,7 @@ class RequestTap:
     # ------------------------------------------------------------ proxying
     def _on_request(self, conn: Downstream, req: Request) -> None:
         if req.method == "GET" and req.path == "/kvscope/metrics":
-            conn.send_whole(200, self.render_metrics_text().encode(), b"text/plain; version=0.0.4; charset=utf-8")
+            conn.send_whole(200, self.render_metrics_text().encode(), CONTENT_TYPE.encode())
             return
         if req.method == "GET" and req.path in self.json_pages:
             conn.send_whole(200, json.dumps(self.json_pages[req.path](self.render_samples())).encode())

@@ -60,9 +60,6 @@ class OtlpConfig:
     fairness_window_s: float = 300.0
     stitch: StitchConfig = field(default_factory=StitchConfig)
 
-    def host_port(self) -> tuple[str, int]:
-        return split_host_port(self.listen)
-
 
 _LISTEN = Key("otlp.listen", OtlpConfig.listen)
 _STITCH_KEYS = (  # what each key means: docs/requests.md §1
@@ -146,7 +143,7 @@ class OtlpTraceReceiver:
         app.router.add_post("/v1/traces", self._handle)
         # auto_decompress off: we decompress ourselves, under the max_body_bytes cap (zip bombs)
         site = HttpSite(app, self.limits, name="otlp receiver", access_log=None, auto_decompress=False)
-        host, port = self.config.host_port()
+        host, port = split_host_port(self.config.listen)
         await site.start(host, port)
         self._site = site
         self._tasks.append(asyncio.create_task(self._flush_loop()))

@@ -19,6 +19,7 @@ from kvscope.agent.runtime import AgentRuntime, build_collectors, known_collecto
 from kvscope.agent.tap.eventloop import run_event_loop
 from kvscope.commands._common import add_command, fail
 from kvscope.commands._flags import ENV_HELP, add_agent_flags, add_scrape_flags, config_from_args
+from kvscope.core.scalars import split_host_port
 
 DESCRIPTION = """\
 Run the kvscope agent on this node. Every interval it scrapes the configured engine
@@ -100,7 +101,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None) -> int:
     runtime = AgentRuntime(config, build_collectors(config), store, derive=derive_hooks(config), freeze_gc=True)
     server = AgentServer(runtime)
     pusher = OtlpPusher(push, runtime.state) if push is not None else None
-    host, port = config.listen_host_port
+    host, port = split_host_port(config.listen_address)
     try:
         bound = await server.start(host, port)
     except OSError as e:

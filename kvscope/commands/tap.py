@@ -18,6 +18,7 @@ from kvscope.agent.traces.export import SpanBatchExporter
 from kvscope.agent.traces.otlp import Span
 from kvscope.commands._common import add_command
 from kvscope.commands._objectives import add_objective_flags, objectives_from_args
+from kvscope.core.scalars import split_host_port
 
 DESCRIPTION = """\
 Put kvscope between clients (or a router) and OpenAI-compatible engines (vLLM, SGLang).
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             objectives=objectives_from_args(args),
             **{field: getattr(args, field) for _, field, _, _ in _CONFIG_FLAGS},
         )
-        cfg.host_port()
+        split_host_port(cfg.listen)
         for url in cfg.upstreams:
             parse_upstream(url)
     except ValueError as e:
@@ -120,8 +121,8 @@ async def _serve(cfg: TapConfig, otlp_endpoint: str | None) -> None:
     sender = asyncio.create_task(exporter.run()) if exporter else None
     freeze_startup_objects()  # as the agent does: a proxied request leaves no reference cycle
     print(
-        f"kvscope tap: listening on {cfg.host_port()[0]}:{tap.port}, forwarding to {', '.join(cfg.upstreams)}"
-        f" ({loop_name()} event loop)",
+        f"kvscope tap: listening on {split_host_port(cfg.listen)[0]}:{tap.port}, "
+        f"forwarding to {', '.join(cfg.upstreams)} ({loop_name()} event loop)",
         flush=True,
     )
     try:

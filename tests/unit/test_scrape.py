@@ -49,13 +49,12 @@ def reason_of(handler: Handler, **kw) -> str:
     return info.value.reason
 
 
-def test_read_exposition_returns_text_and_size():
+def test_read_exposition_returns_text():
     async def ok(request):
         return web.Response(text=BODY, content_type="text/plain")
 
     payload = scrape(ok)
     assert payload.text == BODY
-    assert payload.size_bytes == len(BODY)
     assert payload.openmetrics is False
 
 
