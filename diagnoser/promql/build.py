@@ -15,7 +15,7 @@ from kvscope.diagnoser.actions import KIND_HELP, KIND_LABEL, change_text, lever_
 from kvscope.diagnoser.citations import cite_all, cite_text
 from kvscope.diagnoser.promql.alerts import PythonOnly, alert_name, compile_rules
 from kvscope.diagnoser.promql.quantiles import quantile_file
-from kvscope.diagnoser.promql.rulefiles import HEADER, SloConfig, build_rule_files, candidate_file, render_rule_file
+from kvscope.diagnoser.promql.rulefiles import SloConfig, build_rule_files, candidate_file, generated_file
 from kvscope.diagnoser.rulebook.levers import load_levers, rule_levers
 from kvscope.diagnoser.rulebook.rule import Rule, read_rules
 
@@ -51,23 +51,18 @@ def build_all(
         slo=slo, alert_groups=(groups, note), canonical=canonical, runbook_base_url=runbook_base_url
     )
     name, quantiles = quantile_file(rules, load_catalog())
-    files[name] = render_rule_file(
+    files[name] = generated_file(
         quantiles,
-        HEADER.format(
-            extra=" and rules/diagnosis/*.yaml",
-            what="Each histogram quantile the diagnosis rules read, recorded: "
-            "fleet diagnosis (kvscope diagnose --prometheus) reads these instead of every bucket series "
-            "(diagnoser/promql/quantiles.py).",
-        ),
+        "Each histogram quantile the diagnosis rules read, recorded: "
+        "fleet diagnosis (kvscope diagnose --prometheus) reads these instead of every bucket series "
+        "(diagnoser/promql/quantiles.py).",
+        from_rules=True,
     )
     if curve is not None:
-        files[curve[0]] = render_rule_file(
+        files[curve[0]] = generated_file(
             curve[1],
-            HEADER.format(
-                extra="",
-                what="The operating curve's sums per pool and concurrency bucket: kvscope curve --prometheus URL "
-                "--recorded reads a week from these instead of every engine's buckets (diagnoser/curve/records.py).",
-            ),
+            "The operating curve's sums per pool and concurrency bucket: kvscope curve --prometheus URL "
+            "--recorded reads a week from these instead of every engine's buckets (diagnoser/curve/records.py).",
         )
     if candidates is not None:
         name, text = candidate_file(candidates)
