@@ -109,6 +109,13 @@ def render_rule_file(groups: list[dict[str, Any]], header: str) -> str:
     return header + body
 
 
+def generated_file(groups: list[dict[str, Any]], what: str, from_rules: bool = False) -> str:
+    """`render_rule_file` under HEADER: `what` the file holds; `from_rules`: built from the
+    diagnosis rules too (rules/diagnosis/*.yaml), not the catalog alone."""
+    extra = " and rules/diagnosis/*.yaml" if from_rules else ""
+    return render_rule_file(groups, HEADER.format(extra=extra, what=what))
+
+
 def record(name: str, expr: str, **labels: str) -> dict[str, Any]:
     return {"record": name, "expr": expr, **({"labels": dict(labels)} if labels else {})}
 
@@ -385,31 +392,20 @@ def build_rule_files(
     for rules in alert_rules + tuple(g["rules"] for g in (alert_groups or ([], ""))[0]):
         link_alerts(rules, runbook_base_url)
     slo_file, tenant_file, absent_file, goodput_file = alert_rules
+    absent_note = "Engine metrics that are absent, vanished, or exported under an old name."
     files = {
-        "kvscope-derived.yml": render_rule_file(
-            [{"name": "kvscope-derived", "rules": derived_rules()}],
-            HEADER.format(extra="", what="Per-instance and per-model aggregates (level:signal:operation)."),
-        ),
-        "kvscope-slo.yml": render_rule_file(
-            [{"name": "kvscope-slo", "rules": slo_file}], HEADER.format(extra="", what=_slo_note(slo))
-        ),
-        "kvscope-tenant-slo.yml": render_rule_file(
-            [{"name": "kvscope-tenant-slo", "rules": tenant_file}],
-            HEADER.format(extra="", what=_tenant_slo_note(slo)),
-        ),
-        "kvscope-goodput.yml": render_rule_file(
-            [{"name": "kvscope-goodput", "rules": goodput_file}], HEADER.format(extra="", what=_goodput_note(slo))
-        ),
-        "kvscope-absent.yml": render_rule_file(
-            [{"name": "kvscope-absent", "rules": absent_file}],
-            HEADER.format(extra="", what="Engine metrics that are absent, vanished, or exported under an old name."),
-        ),
+        f"{name}.yml": generated_file([{"name": name, "rules": rules}], what)
+        for name, rules, what in (
+            ("kvscope-derived", derived_rules(), "Per-instance and per-model aggregates (level:signal:operation)."),
+            ("kvscope-slo", slo_file, _slo_note(slo)),
+            ("kvscope-tenant-slo", tenant_file, _tenant_slo_note(slo)),
+            ("kvscope-goodput", goodput_file, _goodput_note(slo)),
+            ("kvscope-absent", absent_file, absent_note),
+        )
     }
     if alert_groups is not None:
         groups, note = alert_groups
-        files["kvscope-alerts.yml"] = render_rule_file(
-            groups, HEADER.format(extra=" and rules/diagnosis/*.yaml", what=note)
-        )
+        files["kvscope-alerts.yml"] = generated_file(groups, note, from_rules=True)
     rules = canonical_rules(catalog)
     if canonical == "used":
         used = set(re.findall(r"kvscope:[A-Za-z0-9_]+", "\n".join(files.values())))
@@ -422,9 +418,7 @@ def build_rule_files(
         f"({'the ones the other kvscope files read' if canonical == 'used' else 'every catalog signal'}; "
         f"kvscope rules build --canonical all records all).\n# " + skipped
     )
-    files["kvscope-canonical.yml"] = render_rule_file(
-        [{"name": "kvscope-canonical", "rules": rules}], HEADER.format(extra="", what=what)
-    )
+    files["kvscope-canonical.yml"] = generated_file([{"name": "kvscope-canonical", "rules": rules}], what)
     return dict(sorted(files.items()))
 
 
@@ -491,6 +485,4 @@ def candidate_file(exprs: dict[str, tuple[str | None, str]]) -> tuple[str, str]:
             *(left or ["  (none)"]),
         ]
     )
-    return "kvscope-candidates.yml", render_rule_file(
-        groups, HEADER.format(extra=" and rules/diagnosis/*.yaml", what=what)
-    )
+    return "kvscope-candidates.yml", generated_file(groups, what, from_rules=True)
