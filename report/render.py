@@ -301,13 +301,15 @@ def _lever_titles(levers: list[LeverAdvice], top: int = 2) -> str:
 
 
 NO_TENANTS = (
-    "No per-tenant series in this source (tenant_* come from kvscope's request tap or trace receiver; "
-    "vLLM has no tenant label)."
+    "No per-tenant series in this source (tenant_* come from kvscope's request tap or trace receiver, "
+    "docs/requests.md, and from SGLang with --tokenizer-metrics-allowed-custom-labels tenant; vLLM has no "
+    "tenant label)."
 )
 NO_ADAPTERS = (
-    "No per-adapter series in this source (adapter_* come from kvscope's request tap: the request's model, "
-    "a LoRA adapter or the base model; engines label their series with the base model only)."
+    "No per-adapter series in this source (adapter_* come from kvscope's request tap, docs/requests.md: the "
+    "request's model, a LoRA adapter or the base model; engines label their series with the base model only)."
 )
+"""What the tenant and adapter tables say in their place where the source has none (the report, the UI)."""
 NOT_EXPORTED = "not exported by these engines"
 
 
