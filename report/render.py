@@ -301,14 +301,22 @@ def _lever_titles(levers: list[LeverAdvice], top: int = 2) -> str:
 
 
 NO_TENANTS = (
-    "No per-tenant series in this source (tenant_* come from kvscope's request tap or trace receiver; "
-    "vLLM has no tenant label)."
+    "No per-tenant series in this source (tenant_* come from kvscope's request tap or trace receiver, "
+    "docs/requests.md, and from SGLang with --tokenizer-metrics-allowed-custom-labels tenant; vLLM has no "
+    "tenant label)."
 )
 NO_ADAPTERS = (
-    "No per-adapter series in this source (adapter_* come from kvscope's request tap: the request's model, "
-    "a LoRA adapter or the base model; engines label their series with the base model only)."
+    "No per-adapter series in this source (adapter_* come from kvscope's request tap, docs/requests.md: the "
+    "request's model, a LoRA adapter or the base model; engines label their series with the base model only)."
 )
+"""What the tenant and adapter tables say in their place where the source has none (the report, the UI)."""
 NOT_EXPORTED = "not exported by these engines"
+COMPUTE_COLUMNS = {
+    "tflops_per_gpu": ("TFLOP/s per GPU (÷ peak = MFU)", "num"),
+    "gb_per_s_per_gpu": ("GB/s per GPU (÷ peak = MBU)", "num"),
+    "tokens_per_gpu_hour": ("Tokens / GPU-h", "count"),
+}
+"""The Compute per GPU table's columns (`Efficiency.compute`, and the pools' tokens per GPU-hour)."""
 
 
 def _efficiency_sections(report: WeeklyReport) -> list[tuple[str, list[list[str]] | list[str]]]:
@@ -324,16 +332,9 @@ def _efficiency_sections(report: WeeklyReport) -> list[tuple[str, list[list[str]
         "or the estimate is off (its counters never moved)."
     ]
     if not eff.compute.empty:
-        head = ["Pool", "TFLOP/s per GPU (÷ peak = MFU)", "GB/s per GPU (÷ peak = MBU)", "Tokens / GPU-h"]
-        compute = [head] + [
-            [
-                str(k),
-                fmt(r.get("tflops_per_gpu"), "num"),
-                fmt(r.get("gb_per_s_per_gpu"), "num"),
-                fmt(tph.get(k), "count"),
-            ]
-            for k, r in eff.compute.iterrows()
-        ]
+        table = eff.compute.reindex(columns=list(COMPUTE_COLUMNS))
+        table["tokens_per_gpu_hour"] = [tph.get(k) for k in table.index]
+        compute = format_table(table, COMPUTE_COLUMNS, "Pool")
     recompute: list[list[str]] | list[str] = [f"Preemption counters: {NOT_EXPORTED}."]
     if not eff.recompute.empty:
         est = " (est. = preemptions × prompt tokens per request)" * bool(eff.recompute["estimated"].any())

@@ -5,8 +5,9 @@ from __future__ import annotations
 import streamlit as st
 
 from kvscope.diagnoser.render import cascade_text, fmt_where
-from kvscope.ui.charts import incident_label, render_series_chart
+from kvscope.ui.charts import incident_label
 from kvscope.ui.data import TriageData, axis_unit, cascade_rows, signal_frame
+from kvscope.ui.triage_page import chart_pairs
 
 CASCADE_SIGNALS = (
     "engine_kv_cache_usage_ratio",
@@ -54,13 +55,4 @@ def render(data: TriageData) -> None:
     shown = [(s, df) for s, df in shown if not df.empty and df.notna().any().any()]
     if band is not None and shown:
         st.caption(f"Shaded: the cascade finding's period on `{fmt_where(band.where)}`.")
-    for i in range(0, len(shown), 2):
-        cols = st.columns(2)
-        for col, (signal, df) in zip(cols, shown[i : i + 2], strict=False):
-            col.markdown(f"`{signal}`")
-            col.altair_chart(
-                render_series_chart(
-                    df, axis_unit(signal), band.since if band else None, band.until if band else None, data.frame.window
-                ),
-                width="stretch",
-            )
+    chart_pairs([(f"`{signal}`", axis_unit(signal), df) for signal, df in shown], band, data.frame.window)

@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from kvscope.diagnoser.render import fmt_time, fmt_where
+from kvscope.report.render import NO_ADAPTERS, NO_TENANTS
 from kvscope.ui.data import GROUP_COLUMNS, TriageData, group_table
 
 FLEET_GAUGES = {
@@ -22,11 +23,7 @@ def render(data: TriageData) -> None:
     st.title("Tenants & fairness")
     table = group_table(data.frame, "tenant")
     if table.empty:
-        st.info(
-            "This source has no per-tenant series. vLLM exports no tenant label; kvscope's request tap or "
-            "trace receiver produces tenant_* series (docs/requests.md), SGLang does with "
-            "--tokenizer-metrics-allowed-custom-labels tenant."
-        )
+        st.info(NO_TENANTS)
     else:
         cols = st.columns(len(FLEET_GAUGES))
         for col, (name, (label, show)) in zip(cols, FLEET_GAUGES.items(), strict=True):
@@ -51,15 +48,8 @@ def render(data: TriageData) -> None:
         right.metric("Adapters in flight at once (engine, max)", "absent" if in_flight is None else f"{in_flight:.0f}")
     adapters = group_table(data.frame, "adapter")
     if adapters.empty:
-        st.info(
-            (
-                "In Prometheus mode this page reads only the series the rules' candidates held; "
-                if data.source.kind == "prometheus"
-                else "This source has no per-adapter series. "
-            )
-            + "Engines label their series with the base model only; kvscope's request tap produces "
-            "adapter_* series from each request's model (docs/requests.md)."
-        )
+        fleet = "In Prometheus mode this page reads only the series the rules' candidates held. "
+        st.info(fleet * (data.source.kind == "prometheus") + NO_ADAPTERS)
     else:
         _table(adapters)
         st.caption(

@@ -17,6 +17,7 @@ from kvscope.core.objectives import Objectives, ObjectiveSet
 from kvscope.diagnoser.curve.operating import DEFAULT_SLO_TTFT_P99_S, Operating, operating_point
 from kvscope.diagnoser.curve.points import Point
 from kvscope.diagnoser.curve.report import (
+    COLUMNS,
     METRIC_WORDS,
     JudgedChange,
     PoolCurve,
@@ -81,27 +82,13 @@ def curve_rows(points: list[Point], side: str = "") -> pd.DataFrame:
 
 
 def points_table(points: list[Point]) -> pd.DataFrame:
-    """The points as `kvscope curve` prints them, one row per concurrency bucket."""
-    return pd.DataFrame(
-        [
-            {
-                "concurrency": p.concurrency,
-                "bucket": f"{p.bucket[0]:g}-{p.bucket[1]:g}",
-                "intervals": p.intervals,
-                "requests": p.requests,
-                "TTFT p50 (s)": p.ttft_p50_s,
-                "TTFT p99 (s)": p.ttft_p99_s,
-                "ITL p50 (s)": p.itl_p50_s,
-                "ITL p99 (s)": p.itl_p99_s,
-                "requests/s": p.rps,
-                "output tokens/s": p.output_tokens_per_s,
-                "KV usage": p.kv_usage,
-                "waiting": p.waiting,
-                "sparse": p.sparse,
-            }
-            for p in points
-        ]
+    """The points as `kvscope curve` prints them (its COLUMNS, under their UI headers), one row per
+    concurrency bucket, with the bucket's edges and whether it is sparse."""
+    table = pd.DataFrame(
+        [[getattr(p, attr) for _, _, attr, _, _ in COLUMNS] for p in points], columns=[c[4] for c in COLUMNS]
     )
+    table.insert(1, "bucket", [f"{p.bucket[0]:g}-{p.bucket[1]:g}" for p in points])
+    return table.assign(sparse=[p.sparse for p in points])
 
 
 @dataclass(frozen=True)

@@ -273,11 +273,17 @@ def render_charts(data: TriageData, f: Finding) -> None:
         "(each line is the series the rule itself evaluated, at this place, so the evidence table's numbers "
         "can be read off the lines)"
     )
-    for i in range(0, len(shown), 2):
-        cols = st.columns(2)
-        for col, (name, unit, df) in zip(cols, shown[i : i + 2], strict=False):
-            col.markdown(f"**{name}**")
-            col.altair_chart(render_series_chart(df, unit, f.since, f.until, data.frame.window), width="stretch")
+    chart_pairs([(f"**{name}**", unit, df) for name, unit, df in shown], f, data.frame.window)
+
+
+def chart_pairs(charts: list[tuple[str, str, pd.DataFrame]], band: Finding | None, window: tuple[float, float]) -> None:
+    """Charts two to a row over the x axis `window`: per (heading in Markdown, y-axis unit, series)
+    the heading, then the series with `band`'s period shaded (None: none)."""
+    since, until = (band.since, band.until) if band else (None, None)
+    for i in range(0, len(charts), 2):
+        for col, (heading, unit, df) in zip(st.columns(2), charts[i : i + 2], strict=False):
+            col.markdown(heading)
+            col.altair_chart(render_series_chart(df, unit, since, until, window), width="stretch")
 
 
 def render_timeline(d) -> None:

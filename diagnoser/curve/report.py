@@ -480,18 +480,18 @@ def _f(x: float | None, fmt: str = "{:.3f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-COLUMNS = [  # header, width, Point field, format
-    ("conc", 6, "concurrency", "{:.2f}"),
-    ("ivals", 5, "intervals", "{:d}"),
-    ("reqs", 6, "requests", "{:.0f}"),
-    ("ttft p50", 9, "ttft_p50_s", "{:.3f}"),
-    ("ttft p99", 9, "ttft_p99_s", "{:.3f}"),
-    ("itl p50", 8, "itl_p50_s", "{:.3f}"),
-    ("itl p99", 8, "itl_p99_s", "{:.3f}"),
-    ("rps", 7, "rps", "{:.2f}"),
-    ("tok/s", 8, "output_tokens_per_s", "{:.1f}"),
-    ("kv", 5, "kv_usage", "{:.2f}"),
-    ("wait", 5, "waiting", "{:.1f}"),
+COLUMNS = [  # header, width, Point field, format, the UI's header (ui/operating.py points_table)
+    ("conc", 6, "concurrency", "{:.2f}", "concurrency"),
+    ("ivals", 5, "intervals", "{:d}", "intervals"),
+    ("reqs", 6, "requests", "{:.0f}", "requests"),
+    ("ttft p50", 9, "ttft_p50_s", "{:.3f}", "TTFT p50 (s)"),
+    ("ttft p99", 9, "ttft_p99_s", "{:.3f}", "TTFT p99 (s)"),
+    ("itl p50", 8, "itl_p50_s", "{:.3f}", "ITL p50 (s)"),
+    ("itl p99", 8, "itl_p99_s", "{:.3f}", "ITL p99 (s)"),
+    ("rps", 7, "rps", "{:.2f}", "requests/s"),
+    ("tok/s", 8, "output_tokens_per_s", "{:.1f}", "output tokens/s"),
+    ("kv", 5, "kv_usage", "{:.2f}", "KV usage"),
+    ("wait", 5, "waiting", "{:.1f}", "waiting"),
 ]
 
 
@@ -508,9 +508,9 @@ def render_text(curves: list[PoolCurve], slo_s: float) -> str:
             else ""
         )
         lines.append(f"pool {pool_name(pc)}  (concurrency per instance: {little}{pc.signal}; {pc.intervals} intervals)")
-        lines.append(" ".join(f"{h:>{w}}" for h, w, _, _ in COLUMNS))
+        lines.append(" ".join(f"{h:>{w}}" for h, w, *_ in COLUMNS))
         for p in pc.points:
-            cells = [_f(getattr(p, attr), fmt).rjust(w) for _, w, attr, fmt in COLUMNS]
+            cells = [_f(getattr(p, attr), fmt).rjust(w) for _, w, attr, fmt, _ in COLUMNS]
             lines.append(" ".join(cells) + ("  sparse" if p.sparse else ""))
         op = pc.operating
         lines += [knee_text(op), c_max_text(op, slo_s)]

@@ -122,7 +122,7 @@ def test_every_data_page_renders(monkeypatch, kv_incident):
     at = _app(monkeypatch, kv_incident).run()
     at.sidebar.radio[0].set_value("Tenants & fairness").run()
     assert not at.exception
-    assert any("no per-tenant series" in i.value for i in at.info)
+    assert any("No per-tenant series" in i.value for i in at.info)
     at.sidebar.radio[0].set_value("Cascades").run()
     assert not at.exception and at.title[0].value == "Memory-pressure cascades"
     assert at.dataframe[0].value["deepest stage reached"].iloc[0] != "0 healthy"
