@@ -167,6 +167,23 @@ def prefer_current(terms: list[SourceTerm], exprs: list[str]) -> list[str]:
     return parts
 
 
+def apart(terms: list[SourceTerm]) -> set[str]:
+    """Labels that keep the series of different source terms apart where `or` joins them:
+    `instance` (one instance exports one engine's names, the agent relays it under the same
+    labels; a fallback term is read per instance, `prefer_current`), each label a term sets
+    (SGLang's cache_scope, the P/D queue), and each a term renames into where another term of its
+    dialect does not. An aggregation by fewer labels makes one series of every term's, and `or`
+    keeps the first."""
+    out = {"instance"}
+    targets: dict[str | None, list[set[str]]] = {}
+    for term in terms:
+        out.update(label for label, _ in term.sets)
+        targets.setdefault(term.dialect, []).append({canonical for _, canonical in term.renames})
+    for renamed in targets.values():
+        out |= set().union(*renamed) - renamed[0].intersection(*renamed[1:])
+    return out
+
+
 def canonical_by(signal: Signal, *extra: str) -> tuple[str, ...]:
     """Grouping labels for a canonical series: the common set, the signal's own, and `extra`."""
     return (*GROUP_LABELS, *signal.labels, *extra)
@@ -218,10 +235,10 @@ class PromQL(str):
 
 class Aggregated(PromQL):
     """A read its reader has already aggregated by exactly the labels `labels`, one series per
-    label set (InlineSignals: each source summed or max-ed by the caller's grouping, joined with
-    `or`; `cost` its sources). A caller's `sum`/`max`/`min`/`avg by` over the same labels returns
-    it unchanged, and is left out (promql/series.py): Prometheus would aggregate every series
-    again at every step."""
+    label set (InlineSignals: each source summed or max-ed by the caller's grouping, and by the
+    labels that hold the sources apart, joined with `or`; `cost` its sources). A caller's
+    `sum`/`max`/`min`/`avg by` over the same labels returns it unchanged, and is left out
+    (promql/series.py): Prometheus would aggregate every series again at every step."""
 
     labels: frozenset[str]
 
@@ -281,16 +298,17 @@ class InlineSignals:
     ) -> str:
         """`by`/`outer`: the grouping and aggregation the caller applies next. When the sources'
         own aggregation can be folded into it (sums of counters, max of max), only the labels
-        it needs are relabelled and kept: the same values for a fraction of the work; `instance`
-        too where a source is a fallback name, read per instance (`prefer_current`)."""
+        it needs are relabelled and kept: the same values for a fraction of the work. With more
+        than one source term it also keeps the labels that hold the terms apart (`apart`), or
+        `or` would keep the first term's fleet-wide sum only."""
         signal, suffix, terms = self._terms(series)
         agg = "max" if signal.kind == "gauge" else "sum"
         full = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
         foldable = by is not None and (outer == agg or outer == "count_series")
         if foldable and not any(t.collapse == "max" for t in terms):
             wanted = set(by or ()) | {m[0] for m in matchers} | ({"le"} if suffix == "_bucket" else set())
-            if any(t.fallback for t in terms):
-                wanted.add("instance")  # a fallback is read per instance (prefer_current)
+            if len(terms) > 1:
+                wanted |= apart(terms)
             needed = [b for b in full if b in wanted]
         else:
             needed = list(full)
