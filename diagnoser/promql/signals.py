@@ -148,13 +148,40 @@ def source_union(signal: Signal, catalog: Catalog, suffix: str = "") -> str:
         if suffix == "_bucket":
             expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
         exprs.append(f"{'max' if term.collapse == 'max' else agg} by ({clause}) ({expr})")
+    return "\nor\n".join(prefer_current(terms, exprs))
+
+
+def prefer_current(terms: list[SourceTerm], exprs: list[str]) -> list[str]:
+    """`exprs` (one per term of `source_terms`, each aggregated by labels that include
+    `instance`), a fallback term's as `(old unless on (instance) (current or ...))`: an engine's
+    old name only for instances without any of its current ones. Engines in transition export
+    both (vLLM 0.10's `gpu_prefix_cache_queries` and `prefix_cache_queries`), and `or` alone
+    would keep the old where the label sets differ or the sources are summed by fewer labels.
+    `terms` as `source_terms` returns them: their dialects say which terms are current."""
     parts = []
     for term, expr in zip(terms, exprs, strict=True):
         if term.fallback:
             current = [e for t, e in zip(terms, exprs, strict=True) if t.dialect == term.dialect and not t.fallback]
             expr = f"({expr}\nunless on (instance)\n(" + "\nor\n".join(current) + "))"
         parts.append(expr)
-    return "\nor\n".join(parts)
+    return parts
+
+
+def apart(terms: list[SourceTerm]) -> set[str]:
+    """Labels that keep the series of different source terms apart where `or` joins them:
+    `instance` (one instance exports one engine's names, the agent relays it under the same
+    labels; a fallback term is read per instance, `prefer_current`), each label a term sets
+    (SGLang's cache_scope, the P/D queue), and each a term renames into where another term of its
+    dialect does not. An aggregation by fewer labels makes one series of every term's, and `or`
+    keeps the first."""
+    out = {"instance"}
+    targets: dict[str | None, list[set[str]]] = {}
+    for term in terms:
+        out.update(label for label, _ in term.sets)
+        targets.setdefault(term.dialect, []).append({canonical for _, canonical in term.renames})
+    for renamed in targets.values():
+        out |= set().union(*renamed) - renamed[0].intersection(*renamed[1:])
+    return out
 
 
 def canonical_by(signal: Signal, *extra: str) -> tuple[str, ...]:
@@ -208,10 +235,10 @@ class PromQL(str):
 
 class Aggregated(PromQL):
     """A read its reader has already aggregated by exactly the labels `labels`, one series per
-    label set (InlineSignals: each source summed or max-ed by the caller's grouping, joined with
-    `or`; `cost` its sources). A caller's `sum`/`max`/`min`/`avg by` over the same labels returns
-    it unchanged, and is left out (promql/series.py): Prometheus would aggregate every series
-    again at every step."""
+    label set (InlineSignals: each source summed or max-ed by the caller's grouping, and by the
+    labels that hold the sources apart, joined with `or`; `cost` its sources). A caller's
+    `sum`/`max`/`min`/`avg by` over the same labels returns it unchanged, and is left out
+    (promql/series.py): Prometheus would aggregate every series again at every step."""
 
     labels: frozenset[str]
 
@@ -271,18 +298,22 @@ class InlineSignals:
     ) -> str:
         """`by`/`outer`: the grouping and aggregation the caller applies next. When the sources'
         own aggregation can be folded into it (sums of counters, max of max), only the labels
-        it needs are relabelled and kept: the same values for a fraction of the work."""
+        it needs are relabelled and kept: the same values for a fraction of the work. With more
+        than one source term it also keeps the labels that hold the terms apart (`apart`), or
+        `or` would keep the first term's fleet-wide sum only."""
         signal, suffix, terms = self._terms(series)
         agg = "max" if signal.kind == "gauge" else "sum"
         full = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
         foldable = by is not None and (outer == agg or outer == "count_series")
         if foldable and not any(t.collapse == "max" for t in terms):
             wanted = set(by or ()) | {m[0] for m in matchers} | ({"le"} if suffix == "_bucket" else set())
+            if len(terms) > 1:
+                wanted |= apart(terms)
             needed = [b for b in full if b in wanted]
         else:
             needed = list(full)
         clause = ", ".join(needed)
-        parts = []
+        exprs = []
         for term in terms:
             if needed != list(full):
                 term = kept(term, set(needed))
@@ -292,8 +323,8 @@ class InlineSignals:
             expr = relabel(expr, term if fn != "resets" else replace(term, scale=1.0, sets=()))
             if suffix == "_bucket":
                 expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
-            parts.append(f"{op} by ({clause}) ({expr})")
-        return Aggregated("(" + "\nor\n".join(parts) + ")", needed, len(parts))
+            exprs.append(f"{op} by ({clause}) ({expr})")
+        return Aggregated("(" + "\nor\n".join(prefer_current(terms, exprs)) + ")", needed, len(exprs))
 
     def raw_reads(
         self, series: str, matchers: list[Matcher], fn: str | None = None, rng: str | None = None

@@ -1,0 +1,173 @@
+"""A catalog `fallback` name (an engine's old metric name) is read only for instances without the
+current one, by every PromQL reader of a signal: the rule files' `source_union` and the inline
+reads (`InlineSignals`) of the candidate records, the fleet pushdown and the curve records, also
+where a read folds its sources into a caller's grouping without `instance`. Such a folded read
+also keeps every engine of the fleet (vLLM and SGLang serving one model, a replica only the agent
+relays) and every term of one instance that a label the catalog sets tells apart. Checked on a
+real Prometheus evaluation (`promtool test rules`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvscope.core.signals import load_catalog
+from kvscope.diagnoser.promql.series import SeriesCompiler
+from kvscope.diagnoser.promql.signals import InlineSignals, source_union
+from kvscope.diagnoser.rulebook.rule import Rule, parse_yaml
+from testbed.prometheus import promtool_test_rules
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.needs("promtool")]
+
+QUERIES = "engine_prefix_cache_queries_tokens_total"
+USAGE = "engine_kv_cache_usage_ratio"
+# vLLM 0.10.2 exports the renamed counters under both names, same labels, same values
+# (tests/fixtures/scrapes/vllm-0.10.2-rendered.txt); older versions only the old name
+LABELS = 'engine="0",job="vllm",model_name="m"'
+SERIES = [
+    # a:8000, vLLM 0.10 (both names): 60 prompt tokens a minute, 1/s; KV 25 % used
+    {"series": f'vllm:prefix_cache_queries_total{{instance="a:8000",{LABELS}}}', "values": "0+60x10"},
+    {"series": f'vllm:gpu_prefix_cache_queries_total{{instance="a:8000",{LABELS}}}', "values": "0+60x10"},
+    {"series": f'vllm:kv_cache_usage_perc{{instance="a:8000",{LABELS}}}', "values": "0.25x10"},
+    {"series": f'vllm:gpu_cache_usage_perc{{instance="a:8000",{LABELS}}}', "values": "0.25x10"},
+    # b:8000, an older vLLM (old names only): 120 a minute, 2/s; KV 50 % used
+    {"series": f'vllm:gpu_prefix_cache_queries_total{{instance="b:8000",{LABELS}}}', "values": "0+120x10"},
+    {"series": f'vllm:gpu_cache_usage_perc{{instance="b:8000",{LABELS}}}', "values": "0.5x10"},
+]
+EVAL = "10m"
+
+
+def _case(expr: str, samples: list[tuple[str, float]]) -> dict:
+    return {
+        "expr": str(expr),
+        "eval_time": EVAL,
+        "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
+    }
+
+
+def _compiled(by: str, series: str) -> str:
+    """The series as the candidate records compile it (promql/quantiles.py, pushdown/candidates.py)."""
+    rule = Rule("t", "", parse_yaml(f"by: {by}\nseries:\n  s: {series}\n"))
+    return SeriesCompiler(rule, InlineSignals(load_catalog())).expr("s")
+
+
+def test_an_old_name_counts_only_where_the_instance_has_no_current_one(tmp_path):
+    catalog = load_catalog()
+    read = InlineSignals(catalog).read
+    queries, usage = catalog.signals[QUERIES], catalog.signals[USAGE]
+    cases = [
+        # the rule files' canonical series: a once (current name), b from its old name
+        _case(f"sum by (model) ({source_union(queries, catalog)})", [('{model="m"}', 600 + 1200)]),
+        _case(
+            f"sum by (instance) ({source_union(queries, catalog)})",
+            [('{instance="a:8000"}', 600), ('{instance="b:8000"}', 1200)],
+        ),
+        _case(
+            f"max by (instance) ({source_union(usage, catalog)})",
+            [('{instance="a:8000"}', 0.25), ('{instance="b:8000"}', 0.5)],
+        ),
+        # the inline reads: with every canonical label kept
+        _case(
+            f"sum by (instance) ({read(QUERIES, [], 'rate', '5m')})",
+            [('{instance="a:8000"}', 1), ('{instance="b:8000"}', 2)],
+        ),
+        # folded into the caller's grouping by instance (curve records, pushdown presence)
+        _case(
+            f"sum by (instance) ({read(QUERIES, [], 'rate', '5m', by=('instance',), outer='sum')})",
+            [('{instance="a:8000"}', 1), ('{instance="b:8000"}', 2)],
+        ),
+        # folded into a grouping without instance (pushdown's summed buckets, fleet rules by model)
+        _case(f"sum by (model) ({read(QUERIES, [], by=('model',), outer='sum')})", [('{model="m"}', 600 + 1200)]),
+        _case(f"sum ({read(QUERIES, [], by=(), outer='sum')})", [("{}", 600 + 1200)]),
+        _case(f"max ({read(USAGE, [], by=(), outer='max')})", [("{}", 0.5)]),
+        # a candidate record's series of a fleet rule (by model) and of a per-instance one
+        _case(_compiled("[model]", f"{{rate: {QUERIES}, range: 5m}}"), [('{model="m"}', 3)]),
+        _case(_compiled("[]", f"{{rate: {QUERIES}, range: 5m}}"), [("{}", 3)]),
+        _case(
+            _compiled("[instance]", f"{{rate: {QUERIES}, range: 5m}}"),
+            [('{instance="a:8000"}', 1), ('{instance="b:8000"}', 2)],
+        ),
+        _case(_compiled("[model]", f"{{gauge: {USAGE}, agg: max}}"), [('{model="m"}', 0.5)]),
+        _case(_compiled("[model]", f"{{gauge: {USAGE}, agg: sum}}"), [('{model="m"}', 0.75)]),
+    ]
+    returncode, out = promtool_test_rules(
+        tmp_path, [{"interval": "1m", "input_series": SERIES, "promql_expr_test": cases}]
+    )
+    assert returncode == 0, out
+
+
+PROMPT = "engine_prompt_tokens_total"
+HITS = "engine_prefix_cache_hits_tokens_total"
+PD_WAITING = "engine_pd_requests_waiting"
+MIXED = [
+    # a:8000, vLLM: 60 prompt tokens a minute (1/s), 20 prefix-cache hits a minute; also relayed
+    # by the agent (the same engine, the same values: counted once)
+    {"series": f'vllm:prompt_tokens_total{{instance="a:8000",{LABELS}}}', "values": "0+60x10"},
+    {"series": f'vllm:prefix_cache_hits_total{{instance="a:8000",{LABELS}}}', "values": "0+20x10"},
+    {
+        "series": 'kvscope_engine_prompt_tokens_total{instance="a:8000",engine="vllm",model="m",dp_rank="0",job="kvscope"}',
+        "values": "0+60x10",
+    },
+    # c:30000, SGLang serving the same model: 120 a minute (2/s); hits of requests with per-tier
+    # details (device 30 a minute, host 5) and of requests without (cache_source="total", 10)
+    {"series": 'sglang:prompt_tokens_total{instance="c:30000",job="sglang",model_name="m"}', "values": "0+120x10"},
+    {
+        "series": 'sglang:cached_tokens_total{instance="c:30000",job="sglang",model_name="m",cache_source="device"}',
+        "values": "0+30x10",
+    },
+    {
+        "series": 'sglang:cached_tokens_total{instance="c:30000",job="sglang",model_name="m",cache_source="host"}',
+        "values": "0+5x10",
+    },
+    {
+        "series": 'sglang:cached_tokens_total{instance="c:30000",job="sglang",model_name="m",cache_source="total"}',
+        "values": "0+10x10",
+    },
+    {"series": 'sglang:num_prefill_bootstrap_queue_reqs{instance="c:30000",model_name="m"}', "values": "3x10"},
+    {"series": 'sglang:num_prefill_inflight_queue_reqs{instance="c:30000",model_name="m"}', "values": "7x10"},
+    # d:8000, seen only through the agent: 30 a minute (0.5/s)
+    {
+        "series": 'kvscope_engine_prompt_tokens_total{instance="d:8000",engine="vllm",model="m",job="kvscope"}',
+        "values": "0+30x10",
+    },
+]
+
+
+def test_a_folded_read_keeps_every_engine_and_every_term_of_one(tmp_path):
+    """A read folded into a fleet grouping (by model, by ()) sums what `source_union` does: each
+    source term's engines (vLLM and SGLang serving one model, a replica only the agent relays),
+    and each of one instance's terms that the catalog tells apart by a label it sets (SGLang's
+    cache_scope, the P/D queue)."""
+    catalog = load_catalog()
+    read = InlineSignals(catalog).read
+    prompt, hits, waiting = (catalog.signals[s] for s in (PROMPT, HITS, PD_WAITING))
+    total, hit_total = 600 + 1200 + 300, 200 + 300 + 100
+    cases = [
+        # the rule files' canonical series
+        _case(f"sum by (model) ({source_union(prompt, catalog)})", [('{model="m"}', total)]),
+        _case(f"sum by (model) ({source_union(hits, catalog)})", [('{model="m"}', hit_total)]),
+        _case(f"max by (model) ({source_union(waiting, catalog)})", [('{model="m"}', 7)]),
+        # the inline reads folded into a grouping without instance
+        _case(f"sum by (model) ({read(PROMPT, [], by=('model',), outer='sum')})", [('{model="m"}', total)]),
+        _case(f"sum ({read(PROMPT, [], by=(), outer='sum')})", [("{}", total)]),
+        _case(f"sum ({read(PROMPT, [], 'rate', '5m', by=(), outer='sum')})", [("{}", 3.5)]),
+        _case(f"sum by (model) ({read(HITS, [], by=('model',), outer='sum')})", [('{model="m"}', hit_total)]),
+        _case(f"max by (model) ({read(PD_WAITING, [], by=('model',), outer='max')})", [('{model="m"}', 7)]),
+        # ... and per instance (every canonical label kept, or folded by instance)
+        _case(
+            f"sum by (instance) ({read(PROMPT, [], 'rate', '5m', by=('instance',), outer='sum')})",
+            [('{instance="a:8000"}', 1), ('{instance="c:30000"}', 2), ('{instance="d:8000"}', 0.5)],
+        ),
+        # a candidate record's series of a fleet rule (by model, by ()) and of a per-instance one
+        _case(_compiled("[model]", f"{{rate: {PROMPT}, range: 5m}}"), [('{model="m"}', 3.5)]),
+        _case(_compiled("[]", f"{{rate: {PROMPT}, range: 5m}}"), [("{}", 3.5)]),
+        _case(
+            _compiled("[instance]", f"{{rate: {PROMPT}, range: 5m}}"),
+            [('{instance="a:8000"}', 1), ('{instance="c:30000"}', 2), ('{instance="d:8000"}', 0.5)],
+        ),
+        _case(_compiled("[model]", f"{{rate: {HITS}, range: 5m}}"), [('{model="m"}', hit_total / 600)]),
+        _case(_compiled("[model]", f"{{gauge: {PD_WAITING}, agg: max}}"), [('{model="m"}', 7)]),
+    ]
+    returncode, out = promtool_test_rules(
+        tmp_path, [{"interval": "1m", "input_series": MIXED, "promql_expr_test": cases}]
+    )
+    assert returncode == 0, out
