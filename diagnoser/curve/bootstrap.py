@@ -215,7 +215,7 @@ def matched_replicates(
         for side, iv in enumerate((before, after)):
             rows, scale = bucket.side(side)
             totals = resampled(iv, rows, rng, replicates, lengths[side], scale)
-            part = iv.take(np.isin(np.arange(len(iv)), rows))
+            part = iv.take(rows)
             for m, stat in stats.items():
                 if only and m in only and not only[m][k]:
                     continue

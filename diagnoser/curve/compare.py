@@ -410,7 +410,7 @@ def _enough(iv: Intervals, rows: np.ndarray) -> bool:
 def _point(iv: Intervals, rows: np.ndarray, scale: np.ndarray | None, stat: bootstrap.Stat) -> float:
     """The metric over these rows (ascending), each weighing its `scale` (None: one)."""
     w = np.ones((1, len(rows))) if scale is None else scale[None, :]
-    return float(stat(iv.take(np.isin(np.arange(len(iv)), rows)), bootstrap.weighted(w))[0])
+    return float(stat(iv.take(rows), bootstrap.weighted(w))[0])
 
 
 def _rows_deltas(

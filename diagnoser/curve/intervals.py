@@ -85,7 +85,7 @@ class Intervals:
     sums: dict[str, np.ndarray] = field(default_factory=dict)  # the records' other sums per row (record_intervals)
 
     def take(self, mask: np.ndarray) -> Intervals:
-        """The rows where mask holds."""
+        """The rows where mask holds, or the rows `mask` numbers (an index array)."""
         return Intervals(
             self.step,
             self.signal,
