@@ -9,6 +9,7 @@ buckets and info-label values have no PromQL form (`source_terms` returns them a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from kvscope.core.signals import COMMON_LABELS, KVSCOPE_PREFIX, Alias, Catalog, Dialect, Signal, signal_of
@@ -162,6 +163,8 @@ def prefer_current(terms: list[SourceTerm], exprs: list[str]) -> list[str]:
     for term, expr in zip(terms, exprs, strict=True):
         if term.fallback:
             current = [e for t, e in zip(terms, exprs, strict=True) if t.dialect == term.dialect and not t.fallback]
+            if not current:  # a caller's matcher left out every current term (`_admitted`), not this one
+                raise NotExpressible(f"{term.names[0]} is read where {term.dialect}'s current names are absent")
             expr = f"({expr}\nunless on (instance)\n(" + "\nor\n".join(current) + "))"
         parts.append(expr)
     return parts
@@ -280,7 +283,8 @@ class NamedSignals:
 
 class InlineSignals:
     """Reads every source of a canonical series written out (`source_union` with the node's
-    matchers and range function pushed into each source). Raises NotExpressible
+    matchers and range function pushed into each source; a matcher on a label a source sets, as
+    `engine`, decides whether that source is read, `_admitted`). Raises NotExpressible
     (promql/series.py) for a signal with sources PromQL cannot read (rescaled buckets,
     info-label values)."""
 
@@ -301,7 +305,9 @@ class InlineSignals:
         it needs are relabelled and kept: the same values for a fraction of the work. With more
         than one source term it also keeps the labels that hold the terms apart (`apart`), or
         `or` would keep the first term's fleet-wide sum only."""
-        signal, suffix, terms = self._terms(series)
+        signal, suffix, every = self._terms(series)
+        reads = _admitted(every, matchers)
+        terms = [term for term, _ in reads]
         agg = "max" if signal.kind == "gauge" else "sum"
         full = canonical_by(signal, "le") if suffix == "_bucket" else canonical_by(signal)
         foldable = by is not None and (outer == agg or outer == "count_series")
@@ -314,10 +320,9 @@ class InlineSignals:
             needed = list(full)
         clause = ", ".join(needed)
         exprs = []
-        for term in terms:
+        for term, selectors in reads:
             if needed != list(full):
                 term = kept(term, set(needed))
-            selectors = _selectors(term, matchers)
             op = "max" if term.collapse == "max" else agg
             expr = _range_read(term.names, selectors, fn, rng) if fn else name_selector(term.names, selectors)
             expr = relabel(expr, term if fn != "resets" else replace(term, scale=1.0, sets=()))
@@ -332,8 +337,8 @@ class InlineSignals:
         """The upstream series `read` relabels and aggregates, per source term as they are on the
         wire (`fn(...[rng])` with `fn`): a series present or reset upstream is so in the sum."""
         _, _, terms = self._terms(series)
-        sels = [(term.names, _selectors(term, matchers)) for term in terms]
-        return [_range_read(names, sel, fn, rng) if fn else name_selector(names, sel) for names, sel in sels]
+        reads = [(term.names, sel) for term, sel in _admitted(terms, matchers)]
+        return [_range_read(names, sel, fn, rng) if fn else name_selector(names, sel) for names, sel in reads]
 
     def _terms(self, series: str) -> tuple[Signal, str, list[SourceTerm]]:
         signal, suffix = split_series(series, self.catalog)
@@ -366,18 +371,37 @@ def _range_read(names: tuple[str, ...], matchers: list[str], fn: str, rng: str |
     return "(" + "\nor\n".join(f'label_replace({r}, "kvscope_name", "{quote(n)}", "", "")' for n, r in reads) + ")"
 
 
-def _selectors(term: SourceTerm, matchers: list[Matcher]) -> list[str]:
-    """The term's own matchers and the caller's, as the term's upstream labels."""
-    return [
-        *(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers),
-        *_format_matchers(_upstream(matchers, term)),
-    ]
+def _admitted(terms: list[SourceTerm], matchers: list[Matcher]) -> list[tuple[SourceTerm, list[str]]]:
+    """The terms the caller's matchers can select from, each with its selector's matchers: the
+    term's own and the caller's as its upstream labels (a renamed label matched upstream). A
+    matcher on a label the term sets to a constant (`constants_of`) is no upstream label: it is
+    decided here, the term read without it where the constant matches and left out where not, as
+    filtering the canonical series would. The agent's term sets none, so one term is always left
+    (a read that matches nothing is an empty vector, as before)."""
+    out = []
+    for term in terms:
+        constants, back = constants_of(term), {canon: up for up, canon in term.renames}
+        if all(label_matches(constants[label], op, value) for label, op, value in matchers if label in constants):
+            pushed = [(back.get(label, label), op, value) for label, op, value in matchers if label not in constants]
+            out.append(
+                (term, [*(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers), *_format_matchers(pushed)])
+            )
+    return out
 
 
-def _upstream(matchers: list[Matcher], term: SourceTerm) -> list[Matcher]:
-    """Canonical-label matchers as the term's own labels (a renamed label matched upstream)."""
-    back = {canon: up for up, canon in term.renames}
-    return [(back.get(label, label), op, value) for label, op, value in matchers]
+def constants_of(term: SourceTerm) -> dict[str, str]:
+    """Canonical labels `relabel` sets to a constant: the alias's `set` and `engine` (the dialect;
+    vLLM's own `engine` label is its dp rank). The agent's term sets none."""
+    return {**dict(term.sets), **({"engine": term.dialect} if term.dialect is not None else {})}
+
+
+def label_matches(value: str, op: str, pattern: str) -> bool:
+    """A PromQL label matcher on `value` (`=~`/`!~` anchored at both ends, as Prometheus does)."""
+    if op in ("=~", "!~"):
+        return (re.fullmatch(pattern, value) is not None) == (op == "=~")
+    if op in ("=", "!="):
+        return (value == pattern) == (op == "=")
+    raise ValueError(f"unknown matcher operator {op!r}")
 
 
 def split_series(series: str, catalog: Catalog) -> tuple[Signal | None, str]:

@@ -132,6 +132,50 @@ def test_the_pushdowns_folded_reads_keep_the_worker_as_the_instance():
         assert worker in expr, (fn, outer)
 
 
+def test_the_terms_a_matcher_on_a_set_label_keeps():
+    """raw_reads (one selector per source term read): a term whose constant a matcher rejects is
+    left out, one whose constant it accepts is read without that matcher; other terms (and the
+    agent's, which carries the label itself) are read with it."""
+    from kvscope.diagnoser.promql.signals import InlineSignals
+
+    reader = InlineSignals(load_catalog())
+    device = reader.raw_reads("engine_prefix_cache_hits_tokens_total", [("cache_scope", "=~", "device")])
+    sglang = [r for r in device if "sglang:" in r]
+    assert sglang == ['{__name__=~"sglang:cached_tokens_total|sglang_cached_tokens_total",cache_source=~"device"}']
+    assert any(r.startswith("vllm:") or "vllm:prefix" in r for r in device)
+    assert all('cache_scope=~"device"' in r for r in device if "sglang:" not in r)
+    assert [
+        r
+        for r in reader.raw_reads("engine_prefix_cache_hits_tokens_total", [("cache_scope", "=~", "all_tiers|none")])
+        if "sglang:" in r
+    ] == ['{__name__=~"sglang:cached_tokens_total|sglang_cached_tokens_total",cache_source=~"total|"}']
+    assert not [
+        r
+        for r in reader.raw_reads("engine_prefix_cache_hits_tokens_total", [("cache_scope", "=~", "host")])
+        if "sglang:" in r
+    ]
+    assert (
+        len(
+            [
+                r
+                for r in reader.raw_reads("engine_prefix_cache_hits_tokens_total", [("cache_scope", "!=", "")])
+                if "sglang:" in r
+            ]
+        )
+        == 2
+    )
+    # `engine` is the term's dialect, never vLLM's own `engine` label (its dp rank)
+    vllm = reader.raw_reads("engine_prefix_cache_hits_tokens_total", [("engine", "=~", "vllm")])
+    assert vllm[-1] == 'kvscope_engine_prefix_cache_hits_tokens_total{engine=~"vllm"}'
+    assert all("engine=" not in r for r in vllm[:-1]) and all("vllm" in r for r in vllm[:-1])
+    # a renamed label is matched by its upstream name
+    assert all(
+        'model_name=~"m"' in r
+        for r in reader.raw_reads("engine_prefix_cache_hits_tokens_total", [("model", "=~", "m")])
+        if "sglang:" in r
+    )
+
+
 def test_the_compiler_leaves_out_an_aggregation_the_read_already_did():
     """`sum by (instance, le)` of a read summed by (instance, le) returns it unchanged: the
     compiler writes it once. A read it cannot see aggregated (the recordings) keeps it."""
