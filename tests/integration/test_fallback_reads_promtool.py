@@ -16,7 +16,7 @@ from kvscope.diagnoser.promql.signals import InlineSignals, source_union
 from kvscope.diagnoser.rulebook.rule import Rule, parse_yaml
 from testbed.prometheus import promtool_test_rules
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.needs("promtool")]
+pytestmark = [pytest.mark.prometheus, pytest.mark.needs("promtool"), pytest.mark.servers]
 
 QUERIES = "engine_prefix_cache_queries_tokens_total"
 USAGE = "engine_kv_cache_usage_ratio"

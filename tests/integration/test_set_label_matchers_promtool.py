@@ -15,7 +15,7 @@ from kvscope.diagnoser.promql.signals import InlineSignals, source_union
 from kvscope.diagnoser.rulebook.rule import Rule, parse_yaml
 from testbed.prometheus import promtool_test_rules
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.needs("promtool")]
+pytestmark = [pytest.mark.prometheus, pytest.mark.needs("promtool"), pytest.mark.servers]
 
 HITS = "engine_prefix_cache_hits_tokens_total"
 CANONICAL = "kvscope:" + HITS
