@@ -109,8 +109,8 @@ def resampled(
     # side whose drift is as long as the side itself never resamples into one block, which
     # would repeat the side and give an interval of zero width
     size = max(1, min(math.ceil(length), math.ceil(min(3 * math.sqrt(n), n / 3))))
-    # each instance's rows in time order, cut into blocks of `size`: block b holds padded[b, :lens[b]]
-    # (a unit's last block can be short; the padding, n, reads a zero row)
+    # each instance's rows in time order, cut into blocks of `size`: block b's rows are padded[b],
+    # padded with n where it is short (an instance's last block), which reads a zero row
     order = np.lexsort((iv.t_end[rows], iv.unit[rows]))  # by instance, then in time
     unit = iv.unit[rows][order]
     starts = np.flatnonzero(np.r_[True, unit[1:] != unit[:-1]])
