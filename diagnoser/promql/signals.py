@@ -32,6 +32,7 @@ class SourceTerm:
     fallback: bool = False  # an old name: only where the dialect's other terms have nothing
     workers: tuple[str, ...] = ()  # labels naming the worker behind an aggregating endpoint
     sets: tuple[tuple[str, str], ...] = ()  # (label, value): constant labels the alias adds
+    natives: tuple[str, ...] = ()  # labels the dialect declares under their canonical name (`pod: pod`)
 
     def selector(self, extra: tuple[tuple[str, str], ...] = ()) -> str:
         """The vector selector, e.g. `{__name__=~"a|b",cache_source=~"device|total"}`."""
@@ -92,6 +93,7 @@ def source_terms(signal: Signal, catalog: Catalog, suffix: str = "") -> tuple[li
             alias.fallback,
             dialect.worker_labels,
             sets,
+            tuple(sorted(up for up, canon in dialect.labels.items() if up == canon)),
         )
     agent = SourceTerm(None, (KVSCOPE_PREFIX + signal.name + suffix,))
     return [*grouped.values(), agent], skipped
@@ -324,7 +326,7 @@ class InlineSignals:
             if needed != list(full):
                 term = kept(term, set(needed))
             op = "max" if term.collapse == "max" else agg
-            expr = _range_read(term.names, selectors, fn, rng) if fn else name_selector(term.names, selectors)
+            expr = _wire_read(term.names, selectors, fn, rng)
             expr = relabel(expr, term if fn != "resets" else replace(term, scale=1.0, sets=()))
             if suffix == "_bucket":
                 expr = f'label_replace({expr}, "le", "$1.0", "le", "([0-9]+)")'
@@ -337,8 +339,7 @@ class InlineSignals:
         """The upstream series `read` relabels and aggregates, per source term as they are on the
         wire (`fn(...[rng])` with `fn`): a series present or reset upstream is so in the sum."""
         _, _, terms = self._terms(series)
-        reads = [(term.names, sel) for term, sel in _admitted(terms, matchers)]
-        return [_range_read(names, sel, fn, rng) if fn else name_selector(names, sel) for names, sel in reads]
+        return [_wire_read(term.names, sel, fn, rng) for term, sel in _admitted(terms, matchers)]
 
     def _terms(self, series: str) -> tuple[Signal, str, list[SourceTerm]]:
         signal, suffix = split_series(series, self.catalog)
@@ -371,21 +372,46 @@ def _range_read(names: tuple[str, ...], matchers: list[str], fn: str, rng: str |
     return "(" + "\nor\n".join(f'label_replace({r}, "kvscope_name", "{quote(n)}", "", "")' for n, r in reads) + ")"
 
 
-def _admitted(terms: list[SourceTerm], matchers: list[Matcher]) -> list[tuple[SourceTerm, list[str]]]:
-    """The terms the caller's matchers can select from, each with its selector's matchers: the
-    term's own and the caller's as its upstream labels (a renamed label matched upstream). A
-    matcher on a label the term sets to a constant (`constants_of`) is no upstream label: it is
-    decided here, the term read without it where the constant matches and left out where not, as
-    filtering the canonical series would. The agent's term sets none, so one term is always left
-    (a read that matches nothing is an empty vector, as before)."""
+def _wire_read(names: tuple[str, ...], alternatives: list[list[str]], fn: str | None, rng: str | None) -> str:
+    """The term's series read once per alternative selector (`_admitted`), joined with `or`:
+    a series two alternatives both select is one label set twice, and `or` keeps it once."""
+    reads = [_range_read(names, sel, fn, rng) if fn else name_selector(names, sel) for sel in alternatives]
+    return reads[0] if len(reads) == 1 else "(" + "\nor\n".join(reads) + ")"
+
+
+def _admitted(terms: list[SourceTerm], matchers: list[Matcher]) -> list[tuple[SourceTerm, list[list[str]]]]:
+    """The terms the caller's matchers can select from, each with its selectors' matchers (one
+    list per selector, read joined with `or`, `_wire_read`): the term's own and the caller's as
+    its upstream labels (a renamed label matched upstream). A matcher on a label the term sets to
+    a constant (`constants_of`) is no upstream label: it is decided here, the term read without it
+    where the constant matches and left out where not, as filtering the canonical series would.
+    The agent's term sets none, so one term is always left (a read that matches nothing is an
+    empty vector, as before).
+
+    A canonical label with several upstream spellings (DCGM's `UUID` and `uuid`, `pod` and
+    `pod_name`) is matched on any of them: a matcher the empty value fails (`=~"GPU-1"`) selects
+    a series with one spelling matching, one selector per spelling; PromQL cannot `or` matchers
+    on different labels in one selector. One the empty value passes (`!=`, `=~".*"`) holds on a
+    series where every spelling matches it (an absent label is empty): all in one selector."""
     out = []
     for term in terms:
-        constants, back = constants_of(term), {canon: up for up, canon in term.renames}
-        if all(label_matches(constants[label], op, value) for label, op, value in matchers if label in constants):
-            pushed = [(back.get(label, label), op, value) for label, op, value in matchers if label not in constants]
-            out.append(
-                (term, [*(f'{label}=~"{quote(regex)}"' for label, regex in term.matchers), *_format_matchers(pushed)])
-            )
+        constants = constants_of(term)
+        if not all(label_matches(constants[label], op, value) for label, op, value in matchers if label in constants):
+            continue
+        spellings: dict[str, list[str]] = {}
+        for up, canon in term.renames:
+            spellings.setdefault(canon, [canon] if canon in term.natives else []).append(up)
+        alternatives: list[list[Matcher]] = [[]]
+        for label, op, value in matchers:
+            if label in constants:
+                continue
+            ups = spellings.get(label, [label])
+            if len(ups) == 1 or label_matches("", op, value):
+                alternatives = [[*alt, *((up, op, value) for up in ups)] for alt in alternatives]
+            else:
+                alternatives = [[*alt, (up, op, value)] for alt in alternatives for up in ups]
+        own = [f'{label}=~"{quote(regex)}"' for label, regex in term.matchers]
+        out.append((term, [[*own, *_format_matchers(alt)] for alt in alternatives]))
     return out
 
 

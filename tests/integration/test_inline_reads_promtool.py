@@ -11,7 +11,8 @@ the candidate records, the fleet pushdown and the curve records.
   cache_scope; `engine`, the term's dialect) is no upstream label: an inline read decides it when
   it writes the term, keeping the term where the constant matches and leaving it out where it
   does not, as filtering the canonical series would. A matcher on a label a term renames into is
-  matched on the upstream name."""
+  matched on the upstream name, on every spelling the term renames into it (DCGM's `UUID` and
+  `uuid`, `Hostname` and `hostname`, `pod` and `pod_name`)."""
 
 from __future__ import annotations
 
@@ -256,5 +257,70 @@ def test_a_matcher_on_a_label_a_term_sets_keeps_or_leaves_out_the_term(tmp_path)
     ]
     returncode, out = promtool_test_rules(
         tmp_path, [{"interval": "1m", "input_series": SET_SERIES, "promql_expr_test": cases}], rules
+    )
+    assert returncode == 0, out
+
+
+UTIL = "gpu_utilization_ratio"
+DCGM = 'gpu="0",job="dcgm",modelName="H100"'
+SPELLING_SERIES = [
+    # dcgm-exporter's default labels (UUID, Hostname, pod), 50 %
+    {
+        "series": f'DCGM_FI_DEV_GPU_UTIL{{instance="d:9400",UUID="GPU-1",Hostname="n1",pod="p1",{DCGM}}}',
+        "values": "50x10",
+    },
+    # --use-old-namespace and after 4.5.3 (uuid, hostname, pod_name), 25 %
+    {
+        "series": f'DCGM_FI_DEV_GPU_UTIL{{instance="e:9400",uuid="GPU-2",hostname="n2",pod_name="p2",{DCGM}}}',
+        "values": "25x10",
+    },
+    # both spellings on one series (one GPU), 75 %
+    {"series": f'DCGM_FI_DEV_GPU_UTIL{{instance="f:9400",UUID="GPU-3",uuid="GPU-3",{DCGM}}}', "values": "75x10"},
+]
+
+
+def test_a_matcher_on_a_label_with_two_upstream_spellings_reads_both(tmp_path):
+    catalog = load_catalog()
+    reader = InlineSignals(catalog)
+    canonical = "kvscope:" + UTIL
+    every = [('{gpu_uuid="GPU-1"}', 0.5), ('{gpu_uuid="GPU-2"}', 0.25), ('{gpu_uuid="GPU-3"}', 0.75)]
+    uuids = [("gpu_uuid", "=~", "GPU-.*")]
+    cases = [
+        # the canonical series (the rule files' recording rule of source_union), filtered
+        _case(f'sum by (gpu_uuid) ({canonical}{{gpu_uuid=~"GPU-.*"}})', every),
+        _case(f'sum by (gpu_uuid) ({canonical}{{gpu_uuid!="GPU-1"}})', every[1:]),
+        # the inline reads: a series with either spelling, once where it has both
+        _case(f"sum by (gpu_uuid) ({reader.read(UTIL, uuids)})", every),
+        _case(f"sum by (gpu_uuid) ({reader.read(UTIL, [('gpu_uuid', '=~', 'GPU-1|GPU-2')])})", every[:2]),
+        _case(f"sum by (gpu_uuid) ({reader.read(UTIL, [('gpu_uuid', '!=', 'GPU-1')])})", every[1:]),
+        _case(f"sum by (gpu_uuid) ({reader.read(UTIL, [('gpu_uuid', '!~', 'GPU-1|GPU-2')])})", every[2:]),
+        _case(
+            f"sum by (node) ({reader.read(UTIL, [('node', '=~', 'n1|n2')])})",
+            [('{node="n1"}', 0.5), ('{node="n2"}', 0.25)],
+        ),
+        _case(
+            f"sum by (pod) ({reader.read(UTIL, [('pod', '=~', 'p1|p2')])})", [('{pod="p1"}', 0.5), ('{pod="p2"}', 0.25)]
+        ),
+        _case(
+            f"sum by (gpu_uuid) ({reader.read(UTIL, [('gpu_uuid', '=~', 'GPU-2'), ('node', '=~', 'n2')])})", every[1:2]
+        ),
+        _case(
+            f"sum by (gpu_uuid) ({reader.read(UTIL, uuids, 'max_over_time', '5m', by=('gpu_uuid',), outer='max')})",
+            every,
+        ),
+        # the evidence reads (pushdown/evidence.py): as on the wire, each series once
+        _case(f"count({reader.raw_reads(UTIL, uuids)[0]})", [("{}", 3)]),
+        _case(f"sum({reader.raw_reads(UTIL, uuids)[0]})", [("{}", 150)]),
+        _case(f"count({reader.raw_reads(UTIL, uuids, 'last_over_time', '5m')[0]})", [("{}", 3)]),
+        _case(
+            f"count({reader.raw_reads(UTIL, [('gpu_uuid', '=~', 'GPU-1|GPU-2')], 'last_over_time', '5m')[0]})",
+            [("{}", 2)],
+        ),
+    ]
+    rules = [
+        {"name": "canonical", "rules": [{"record": canonical, "expr": source_union(catalog.signals[UTIL], catalog)}]}
+    ]
+    returncode, out = promtool_test_rules(
+        tmp_path, [{"interval": "1m", "input_series": SPELLING_SERIES, "promql_expr_test": cases}], rules
     )
     assert returncode == 0, out

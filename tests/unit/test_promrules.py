@@ -174,6 +174,17 @@ def test_the_terms_a_matcher_on_a_set_label_keeps():
         for r in reader.raw_reads("engine_prefix_cache_hits_tokens_total", [("model", "=~", "m")])
         if "sglang:" in r
     )
+    # a label with two upstream spellings (DCGM's UUID and uuid; pod and pod_name) is matched on
+    # either, one selector each; a matcher the empty value passes holds on both, one selector
+    util = "gpu_utilization_ratio"
+    assert reader.raw_reads(util, [("gpu_uuid", "=~", "GPU-1")])[0] == (
+        '(DCGM_FI_DEV_GPU_UTIL{UUID=~"GPU-1"}\nor\nDCGM_FI_DEV_GPU_UTIL{uuid=~"GPU-1"})'
+    )
+    assert reader.raw_reads(util, [("pod", "=~", "p"), ("gpu", "=~", "0")], "last_over_time", "5m")[0] == (
+        '(last_over_time(DCGM_FI_DEV_GPU_UTIL{pod=~"p",gpu=~"0"}[5m])'
+        '\nor\nlast_over_time(DCGM_FI_DEV_GPU_UTIL{pod_name=~"p",gpu=~"0"}[5m]))'
+    )
+    assert reader.raw_reads(util, [("node", "!=", "n1")])[0] == 'DCGM_FI_DEV_GPU_UTIL{Hostname!="n1",hostname!="n1"}'
 
 
 def test_the_compiler_leaves_out_an_aggregation_the_read_already_did():
