@@ -386,32 +386,44 @@ def _admitted(terms: list[SourceTerm], matchers: list[Matcher]) -> list[tuple[So
     a constant (`constants_of`) is no upstream label: it is decided here, the term read without it
     where the constant matches and left out where not, as filtering the canonical series would.
     The agent's term sets none, so one term is always left (a read that matches nothing is an
-    empty vector, as before).
-
-    A canonical label with several upstream spellings (DCGM's `UUID` and `uuid`, `pod` and
-    `pod_name`) is matched on any of them: a matcher the empty value fails (`=~"GPU-1"`) selects
-    a series with one spelling matching, one selector per spelling; PromQL cannot `or` matchers
-    on different labels in one selector. One the empty value passes (`!=`, `=~".*"`) holds on a
-    series where every spelling matches it (an absent label is empty): all in one selector."""
+    empty vector, as before). A canonical label with several upstream spellings is matched as
+    `_spelled` says."""
     out = []
     for term in terms:
         constants = constants_of(term)
         if not all(label_matches(constants[label], op, value) for label, op, value in matchers if label in constants):
             continue
-        spellings: dict[str, list[str]] = {}
+        spellings: dict[str, list[str]] = {"instance": ["instance", *term.workers]} if term.workers else {}
         for up, canon in term.renames:
             spellings.setdefault(canon, [canon] if canon in term.natives else []).append(up)
         alternatives: list[list[Matcher]] = [[]]
         for label, op, value in matchers:
-            if label in constants:
-                continue
-            ups = spellings.get(label, [label])
-            if len(ups) == 1 or label_matches("", op, value):
-                alternatives = [[*alt, *((up, op, value) for up in ups)] for alt in alternatives]
-            else:
-                alternatives = [[*alt, (up, op, value)] for alt in alternatives for up in ups]
+            if label not in constants:
+                ups = spellings.get(label, [label])
+                choices = _spelled(ups, op, value, set(term.workers))
+                alternatives = [[*alt, *choice] for alt in alternatives for choice in choices]
         own = [f'{label}=~"{quote(regex)}"' for label, regex in term.matchers]
         out.append((term, [[*own, *_format_matchers(alt)] for alt in alternatives]))
+    return out
+
+
+def _spelled(ups: list[str], op: str, value: str, workers: set[str]) -> list[list[Matcher]]:
+    """A matcher on a canonical label with upstream spellings `ups` (DCGM's `UUID` and `uuid`,
+    `pod` and `pod_name`; `instance` and a router's `worker_addr`), as upstream matchers: one list
+    per spelling, read joined with `or`. The canonical value is the last spelling present
+    (`relabel` renames in order, and an empty label is absent), so each list matches its spelling
+    and holds every later one empty: one series is in one list, whatever its other spellings
+    hold. A worker label names a URL (`http://host:port/`) whose host:port is the instance
+    (`WORKER_REGEX`), so the pattern is matched inside it; one that matches a `/` or a scheme
+    reads the URL's, not the instance's, text."""
+    out = []
+    for i, up in enumerate(ups):
+        mine = (up, op, value)
+        if up in workers:
+            regex = value if op in ("=~", "!~") else escape_re(value)
+            mine = (up, "!~" if op in ("!~", "!=") else "=~", f"(?:[a-z]+://)?(?:{regex})(?:/.*)?")
+        present = [(up, "=~", ".+")] if i and label_matches("", *mine[1:]) else []
+        out.append([mine, *present, *((later, "=", "") for later in ups[i + 1 :])])
     return out
 
 

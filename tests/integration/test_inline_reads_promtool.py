@@ -11,8 +11,9 @@ the candidate records, the fleet pushdown and the curve records.
   cache_scope; `engine`, the term's dialect) is no upstream label: an inline read decides it when
   it writes the term, keeping the term where the constant matches and leaving it out where it
   does not, as filtering the canonical series would. A matcher on a label a term renames into is
-  matched on the upstream name, on every spelling the term renames into it (DCGM's `UUID` and
-  `uuid`, `Hostname` and `hostname`, `pod` and `pod_name`)."""
+  matched on the upstream name, on the spelling the canonical label comes from (DCGM's `UUID` and
+  `uuid`, `Hostname` and `hostname`, `pod` and `pod_name`: the later present), and one on
+  `instance` on a router's worker label where the series has one."""
 
 from __future__ import annotations
 
@@ -322,5 +323,78 @@ def test_a_matcher_on_a_label_with_two_upstream_spellings_reads_both(tmp_path):
     ]
     returncode, out = promtool_test_rules(
         tmp_path, [{"interval": "1m", "input_series": SPELLING_SERIES, "promql_expr_test": cases}], rules
+    )
+    assert returncode == 0, out
+
+
+ROUTED = 'job="router",model_name="m",engine="0"'
+SOURCE_SERIES = [
+    # vLLM workers through sglang-router's /engine_metrics: the worker's URL names the instance
+    {
+        "series": f'vllm:prefix_cache_hits_total{{instance="r:30000",worker_addr="http://w1:8000",{ROUTED}}}',
+        "values": "0+30x10",
+    },
+    {
+        "series": f'vllm:prefix_cache_hits_total{{instance="r:30000",worker_addr="http://w2:8000/",{ROUTED}}}',
+        "values": "0+90x10",
+    },
+    # a vLLM scraped directly
+    {"series": 'vllm:prefix_cache_hits_total{instance="w3:8000",job="vllm",model_name="m",engine="0"}', "values": "0+60x10"},
+    # a GPU whose series carries both spellings with different values: the later (uuid, pod_name) names it
+    {
+        "series": f'DCGM_FI_DEV_GPU_UTIL{{instance="g:9400",UUID="GPU-4",uuid="GPU-5",pod="p3",pod_name="p4",{DCGM}}}',
+        "values": "10x10",
+    },
+    {"series": f'DCGM_FI_DEV_GPU_UTIL{{instance="h:9400",UUID="GPU-6",pod="p5",{DCGM}}}', "values": "20x10"},
+]
+
+
+def test_a_matcher_reads_the_upstream_label_the_canonical_one_comes_from(tmp_path):
+    """A router's worker label names the instance, and of two spellings on one series the later
+    names the canonical label: an inline read matches there, as filtering the canonical series."""
+    catalog = load_catalog()
+    reader = InlineSignals(catalog)
+    hits, util = "kvscope:" + HITS, "kvscope:" + UTIL
+    w1, w2, w3 = ('{instance="w1:8000"}', 0.5), ('{instance="w2:8000"}', 1.5), ('{instance="w3:8000"}', 1.0)
+    gpu5, gpu6 = ('{gpu_uuid="GPU-5"}', 0.1), ('{gpu_uuid="GPU-6"}', 0.2)
+
+    def rate(matchers: list) -> str:
+        return f"sum by (instance) ({reader.read(HITS, matchers, 'rate', '5m', by=('instance',), outer='sum')})"
+
+    def gpus(matchers: list, by: str = "gpu_uuid") -> str:
+        return f"sum by ({by}) ({reader.read(UTIL, matchers)})"
+
+    cases = [
+        # the canonical series (the rule files' recording rules of source_union), filtered
+        _case(f'sum by (instance) (rate({hits}{{instance=~"w1:8000|r:30000"}}[5m]))', [w1]),
+        _case(f'sum by (instance) (rate({hits}{{instance!="w1:8000"}}[5m]))', [w2, w3]),
+        _case(f'sum by (gpu_uuid) ({util}{{gpu_uuid=~"GPU-4|GPU-5"}})', [gpu5]),
+        _case(f'sum by (gpu_uuid) ({util}{{gpu_uuid!="GPU-5"}})', [gpu6]),
+        _case(f'sum by (pod) ({util}{{pod=~"p3|p4"}})', [('{pod="p4"}', 0.1)]),
+        # the inline reads
+        _case(rate([("instance", "=~", "w1:8000|r:30000")]), [w1]),
+        _case(rate([("instance", "=", "w2:8000")]), [w2]),
+        _case(rate([("instance", "!=", "w1:8000")]), [w2, w3]),
+        _case(rate([("instance", "!~", "w.:8000")]), []),
+        _case(gpus([("gpu_uuid", "=~", "GPU-4|GPU-5")]), [gpu5]),
+        _case(gpus([("gpu_uuid", "!=", "GPU-5")]), [gpu6]),
+        _case(gpus([("gpu_uuid", "!~", "GPU-4")]), [gpu5, gpu6]),
+        _case(gpus([("pod", "=~", "p3|p4")], "pod"), [('{pod="p4"}', 0.1)]),
+        _case(gpus([("pod", "=~", "p3|p5")], "pod"), [('{pod="p5"}', 0.2)]),
+        # the evidence reads: as on the wire
+        _case(f"count({reader.raw_reads(HITS, [('instance', '=~', 'w1:8000|w3:8000')])[0]})", [("{}", 2)]),
+        _case(f"count({reader.raw_reads(UTIL, [('gpu_uuid', '=~', 'GPU-4')])[0]})", []),
+    ]
+    rules = [
+        {
+            "name": "canonical",
+            "rules": [
+                {"record": hits, "expr": source_union(catalog.signals[HITS], catalog)},
+                {"record": util, "expr": source_union(catalog.signals[UTIL], catalog)},
+            ],
+        }
+    ]
+    returncode, out = promtool_test_rules(
+        tmp_path, [{"interval": "1m", "input_series": SOURCE_SERIES, "promql_expr_test": cases}], rules
     )
     assert returncode == 0, out

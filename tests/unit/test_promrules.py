@@ -175,16 +175,24 @@ def test_the_terms_a_matcher_on_a_set_label_keeps():
         if "sglang:" in r
     )
     # a label with two upstream spellings (DCGM's UUID and uuid; pod and pod_name) is matched on
-    # either, one selector each; a matcher the empty value passes holds on both, one selector
+    # the one the canonical label comes from, the later one present: one selector each, each
+    # holding the later spellings empty
     util = "gpu_utilization_ratio"
     assert reader.raw_reads(util, [("gpu_uuid", "=~", "GPU-1")])[0] == (
-        '(DCGM_FI_DEV_GPU_UTIL{UUID=~"GPU-1"}\nor\nDCGM_FI_DEV_GPU_UTIL{uuid=~"GPU-1"})'
+        '(DCGM_FI_DEV_GPU_UTIL{UUID=~"GPU-1",uuid=""}\nor\nDCGM_FI_DEV_GPU_UTIL{uuid=~"GPU-1"})'
     )
     assert reader.raw_reads(util, [("pod", "=~", "p"), ("gpu", "=~", "0")], "last_over_time", "5m")[0] == (
-        '(last_over_time(DCGM_FI_DEV_GPU_UTIL{pod=~"p",gpu=~"0"}[5m])'
+        '(last_over_time(DCGM_FI_DEV_GPU_UTIL{pod=~"p",pod_name="",gpu=~"0"}[5m])'
         '\nor\nlast_over_time(DCGM_FI_DEV_GPU_UTIL{pod_name=~"p",gpu=~"0"}[5m]))'
     )
-    assert reader.raw_reads(util, [("node", "!=", "n1")])[0] == 'DCGM_FI_DEV_GPU_UTIL{Hostname!="n1",hostname!="n1"}'
+    # a matcher the empty value passes holds a later spelling present where it decides
+    assert reader.raw_reads(util, [("node", "!=", "n1")])[0] == (
+        '(DCGM_FI_DEV_GPU_UTIL{Hostname!="n1",hostname=""}\nor\nDCGM_FI_DEV_GPU_UTIL{hostname!="n1",hostname=~".+"})'
+    )
+    # a router's worker label names the instance of the engine behind it
+    routed = reader.raw_reads("engine_prefix_cache_hits_tokens_total", [("instance", "=", "w:8000")])[0]
+    assert routed.endswith('worker_addr=~"(?:[a-z]+://)?(?:w:8000)(?:/.*)?"})')
+    assert 'instance="w:8000",worker_addr=""}' in routed
 
 
 def test_the_compiler_leaves_out_an_aggregation_the_read_already_did():
