@@ -339,7 +339,10 @@ SOURCE_SERIES = [
         "values": "0+90x10",
     },
     # a vLLM scraped directly
-    {"series": 'vllm:prefix_cache_hits_total{instance="w3:8000",job="vllm",model_name="m",engine="0"}', "values": "0+60x10"},
+    {
+        "series": 'vllm:prefix_cache_hits_total{instance="w3:8000",job="vllm",model_name="m",engine="0"}',
+        "values": "0+60x10",
+    },
     # a GPU whose series carries both spellings with different values: the later (uuid, pod_name) names it
     {
         "series": f'DCGM_FI_DEV_GPU_UTIL{{instance="g:9400",UUID="GPU-4",uuid="GPU-5",pod="p3",pod_name="p4",{DCGM}}}',
