@@ -85,6 +85,18 @@ def _compiled(by: str, series: str) -> str:
     return SeriesCompiler(rule, InlineSignals(load_catalog())).expr("s")
 
 
+def _promtool(tmp_path, series: list[dict], cases: list[dict], canonical: tuple[str, ...] = ()) -> None:
+    """`cases` on `series` under promtool, with the rule files' recording rule of each signal in
+    `canonical` (source_union) as `kvscope:<signal>`."""
+    catalog = load_catalog()
+    records = [{"record": "kvscope:" + s, "expr": source_union(catalog.signals[s], catalog)} for s in canonical]
+    tests = [{"interval": "1m", "input_series": series, "promql_expr_test": cases}]
+    returncode, out = promtool_test_rules(
+        tmp_path, tests, [{"name": "canonical", "rules": records}] if records else None
+    )
+    assert returncode == 0, out
+
+
 def test_an_old_name_counts_only_where_the_instance_has_no_current_one(tmp_path):
     catalog = load_catalog()
     read = InlineSignals(catalog).read
@@ -124,10 +136,7 @@ def test_an_old_name_counts_only_where_the_instance_has_no_current_one(tmp_path)
         _case(_compiled("[model]", f"{{gauge: {USAGE}, agg: max}}"), [('{model="m"}', 0.5)]),
         _case(_compiled("[model]", f"{{gauge: {USAGE}, agg: sum}}"), [('{model="m"}', 0.75)]),
     ]
-    returncode, out = promtool_test_rules(
-        tmp_path, [{"interval": "1m", "input_series": SERIES, "promql_expr_test": cases}]
-    )
-    assert returncode == 0, out
+    _promtool(tmp_path, SERIES, cases)
 
 
 PROMPT = "engine_prompt_tokens_total"
@@ -201,10 +210,7 @@ def test_a_folded_read_keeps_every_engine_and_every_term_of_one(tmp_path):
         _case(_compiled("[model]", f"{{rate: {HITS}, range: 5m}}"), [('{model="m"}', hit_total / 600)]),
         _case(_compiled("[model]", f"{{gauge: {PD_WAITING}, agg: max}}"), [('{model="m"}', 7)]),
     ]
-    returncode, out = promtool_test_rules(
-        tmp_path, [{"interval": "1m", "input_series": MIXED, "promql_expr_test": cases}]
-    )
-    assert returncode == 0, out
+    _promtool(tmp_path, MIXED, cases)
 
 
 def test_a_matcher_on_a_label_a_term_sets_keeps_or_leaves_out_the_term(tmp_path):
@@ -253,13 +259,7 @@ def test_a_matcher_on_a_label_a_term_sets_keeps_or_leaves_out_the_term(tmp_path)
             _compiled("[model]", f"{{rate: {HITS}, range: 5m, match: {{cache_scope: device}}}}"), [('{model="m"}', 1.5)]
         ),
     ]
-    rules = [
-        {"name": "canonical", "rules": [{"record": CANONICAL, "expr": source_union(catalog.signals[HITS], catalog)}]}
-    ]
-    returncode, out = promtool_test_rules(
-        tmp_path, [{"interval": "1m", "input_series": SET_SERIES, "promql_expr_test": cases}], rules
-    )
-    assert returncode == 0, out
+    _promtool(tmp_path, SET_SERIES, cases, (HITS,))
 
 
 UTIL = "gpu_utilization_ratio"
@@ -318,13 +318,7 @@ def test_a_matcher_on_a_label_with_two_upstream_spellings_reads_both(tmp_path):
             [("{}", 2)],
         ),
     ]
-    rules = [
-        {"name": "canonical", "rules": [{"record": canonical, "expr": source_union(catalog.signals[UTIL], catalog)}]}
-    ]
-    returncode, out = promtool_test_rules(
-        tmp_path, [{"interval": "1m", "input_series": SPELLING_SERIES, "promql_expr_test": cases}], rules
-    )
-    assert returncode == 0, out
+    _promtool(tmp_path, SPELLING_SERIES, cases, (UTIL,))
 
 
 ROUTED = 'job="router",model_name="m",engine="0"'
@@ -388,16 +382,4 @@ def test_a_matcher_reads_the_upstream_label_the_canonical_one_comes_from(tmp_pat
         _case(f"count({reader.raw_reads(HITS, [('instance', '=~', 'w1:8000|w3:8000')])[0]})", [("{}", 2)]),
         _case(f"count({reader.raw_reads(UTIL, [('gpu_uuid', '=~', 'GPU-4')])[0]})", []),
     ]
-    rules = [
-        {
-            "name": "canonical",
-            "rules": [
-                {"record": hits, "expr": source_union(catalog.signals[HITS], catalog)},
-                {"record": util, "expr": source_union(catalog.signals[UTIL], catalog)},
-            ],
-        }
-    ]
-    returncode, out = promtool_test_rules(
-        tmp_path, [{"interval": "1m", "input_series": SOURCE_SERIES, "promql_expr_test": cases}], rules
-    )
-    assert returncode == 0, out
+    _promtool(tmp_path, SOURCE_SERIES, cases, (HITS, UTIL))
